@@ -1,0 +1,117 @@
+"""etsdk: pluggable ExecuTorch backends.
+
+Importing etsdk is cheap: it imports neither torch nor executorch. The
+functions that need them (:func:`load`, :func:`lower`) import them when called.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from etsdk._version import __version__
+from etsdk.blob import BlobReader, BlobWriter
+from etsdk.discovery import PluginStatus
+from etsdk.errors import (
+    BackendError,
+    BackendNotFoundError,
+    BackendUnavailableError,
+    BlobFormatError,
+    BridgeBuildError,
+    BridgeRegistryError,
+    DelegateError,
+    EtsdkError,
+    ExportError,
+    PluginConflictError,
+    PluginError,
+    PluginLoadError,
+    PluginValidationError,
+    ProgramError,
+    UnsupportedFeatureError,
+)
+from etsdk.hookspec import PLUGIN_API_VERSION, hookimpl
+from etsdk.registration import Availability, BackendSpec, Capability, ContractSpec, RunnerSpec
+from etsdk.registry import (
+    PluginInfo,
+    get_backend,
+    get_contract,
+    get_runner,
+    list_plugins,
+    register_plugin,
+    reset_registry,
+)
+
+if TYPE_CHECKING:
+    from etsdk.bridge import InitContext, NamedData
+    from etsdk.lowering import Lowered, MethodSource, lower
+    from etsdk.program import Method, MethodInfo, Program, TensorInfo, load
+
+_LAZY = {
+    "InitContext": "etsdk.bridge",
+    "NamedData": "etsdk.bridge",
+    "Lowered": "etsdk.lowering",
+    "MethodSource": "etsdk.lowering",
+    "lower": "etsdk.lowering",
+    "Method": "etsdk.program",
+    "MethodInfo": "etsdk.program",
+    "Program": "etsdk.program",
+    "TensorInfo": "etsdk.program",
+    "load": "etsdk.program",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'etsdk' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = [
+    "PLUGIN_API_VERSION",
+    "Availability",
+    "BackendError",
+    "BackendNotFoundError",
+    "BackendSpec",
+    "BackendUnavailableError",
+    "BlobFormatError",
+    "BlobReader",
+    "BlobWriter",
+    "BridgeBuildError",
+    "BridgeRegistryError",
+    "Capability",
+    "ContractSpec",
+    "DelegateError",
+    "EtsdkError",
+    "ExportError",
+    "InitContext",
+    "Lowered",
+    "Method",
+    "MethodInfo",
+    "MethodSource",
+    "NamedData",
+    "PluginConflictError",
+    "PluginError",
+    "PluginInfo",
+    "PluginLoadError",
+    "PluginStatus",
+    "PluginValidationError",
+    "Program",
+    "ProgramError",
+    "RunnerSpec",
+    "TensorInfo",
+    "UnsupportedFeatureError",
+    "__version__",
+    "get_backend",
+    "get_contract",
+    "get_runner",
+    "hookimpl",
+    "list_plugins",
+    "load",
+    "lower",
+    "register_plugin",
+    "reset_registry",
+]

@@ -1,0 +1,5 @@
+import sys
+
+from etsdk.cli import main
+
+sys.exit(main())

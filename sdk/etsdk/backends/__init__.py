@@ -1,0 +1,1 @@
+"""Backends that ship inside the core distribution (registered through its own entry point)."""

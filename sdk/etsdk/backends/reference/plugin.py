@@ -1,0 +1,50 @@
+"""Registration of the reference backend (the core's own plugin entry point).
+
+Imports nothing heavy: the factories below import torch and executorch only
+when the backend is used.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from etsdk.backends.reference import BACKEND_ID
+from etsdk.hookspec import hookimpl
+from etsdk.registration import BackendSpec, Capability
+
+ETSDK_PLUGIN_API = ">=1,<2"
+
+
+def _partitioner(**options: Any) -> Any:
+    from etsdk.backends.reference.partitioner import ReferencePartitioner
+
+    return ReferencePartitioner(**options)
+
+
+def _preprocess(edge_program: Any, compile_specs: Any) -> Any:
+    from etsdk.backends.reference.serializer import preprocess
+
+    return preprocess(edge_program, compile_specs)
+
+
+def _runtime() -> Any:
+    from etsdk.backends.reference.runtime import ReferenceBinding
+
+    return ReferenceBinding()
+
+
+@hookimpl
+def etsdk_register_backends() -> list[BackendSpec]:
+    from etsdk import __version__
+
+    return [
+        BackendSpec(
+            id=BACKEND_ID,
+            version=__version__,
+            partitioner=_partitioner,
+            preprocess=_preprocess,
+            runtime=_runtime,
+            capabilities=frozenset({Capability.CPU, Capability.NAMED_DATA}),
+            description="computes its partitions with plain torch ops (reference and example)",
+        )
+    ]

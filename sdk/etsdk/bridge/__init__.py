@@ -1,0 +1,244 @@
+"""The runtime bridge: plugin runtime bindings running inside the ExecuTorch runtime.
+
+A small native extension (``_bridge.cpp``) registers a backend id into the
+runtime's backend registry and forwards ``init`` / ``execute`` / ``destroy`` to
+Python. This package is the Python half: the binding protocol plugin authors
+implement, the per-backend dispatcher, and the carrying of binding exceptions
+back to the caller.
+
+Binding protocol (see ``etsdk.backends.reference.runtime`` for a working one)::
+
+    class MyBinding:
+        def init(self, context: InitContext) -> handle: ...   # once per delegate per method load
+
+    class handle:
+        def execute(self, args: tuple) -> None: ...          # inputs then outputs
+        def destroy(self) -> None: ...                        # optional
+
+``args`` holds the delegate's inputs followed by its outputs, in the order the
+program binds them. Tensors are torch tensors *sharing memory* with the runtime
+(write outputs in place, e.g. ``out.copy_(y)``); they are valid only during the
+call. Scalars arrive as Python ``int`` / ``float`` / ``bool``.
+"""
+
+from __future__ import annotations
+
+import threading
+import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from etsdk.errors import BridgeRegistryError, DelegateError, EtsdkError, ProgramError
+
+__all__ = [
+    "DelegateHandle",
+    "InitContext",
+    "NamedData",
+    "RuntimeBinding",
+    "ensure_registered",
+    "pop_delegate_error",
+]
+
+
+class NamedData:
+    """The program's named data (from the ``.pte`` and any ``.ptd``), zero-copy.
+
+    Valid only while ``init`` runs; buffers returned by :meth:`get` stay valid
+    for as long as they are referenced.
+    """
+
+    __slots__ = ("_native",)
+
+    def __init__(self, native: Any) -> None:
+        self._native = native
+
+    def keys(self) -> list[str]:
+        return list(self._native.keys())
+
+    def get(self, key: str) -> memoryview:
+        try:
+            return memoryview(self._native.get(key))
+        except KeyError:
+            raise ProgramError(
+                f"named data '{key}' is in neither the program nor its data file; if the program was "
+                "exported with external weights, pass its .ptd: etsdk.load(path, data='model.ptd')"
+            ) from None
+
+    def get_tensor(self, key: str, dtype: Any, shape: tuple[int, ...]) -> Any:
+        """A read-only torch tensor over ``key`` without a copy; size is checked."""
+        import torch
+
+        buf = self.get(key)
+        expected = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        if buf.nbytes != expected:
+            raise ProgramError(
+                f"named data '{key}': expected {expected} bytes for {dtype} {list(shape)}, found {buf.nbytes}"
+            )
+        if expected == 0:
+            return torch.empty(shape, dtype=dtype)
+        return _frombuffer_readonly(buf, dtype).view(shape)
+
+
+def _frombuffer_readonly(buf: memoryview, dtype: Any) -> Any:
+    import torch
+
+    # torch.frombuffer warns once per process about non-writable buffers; the
+    # tensors are read-only by contract (weights), so the warning says nothing new.
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given buffer is not writable")
+        return torch.frombuffer(buf, dtype=dtype)
+
+
+@dataclass(frozen=True, slots=True)
+class InitContext:
+    """What a binding's ``init`` receives for one delegate of one method."""
+
+    backend_id: str
+    method: str
+    blob: memoryview  # zero-copy; keep a reference to keep it alive
+    compile_specs: Mapping[str, bytes]
+    named_data: NamedData
+
+
+class DelegateHandle(Protocol):
+    def execute(self, args: tuple[Any, ...]) -> None: ...
+
+
+class RuntimeBinding(Protocol):
+    def init(self, context: InitContext) -> DelegateHandle: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _PendingError:
+    backend_id: str
+    method: str | None
+    phase: str
+    error: BaseException
+
+    def to_exception(self) -> EtsdkError:
+        if isinstance(self.error, EtsdkError):
+            return self.error
+        tb = "".join(traceback.format_exception(type(self.error), self.error, self.error.__traceback__))
+        where = f" in method '{self.method}'" if self.method else ""
+        err = DelegateError(
+            f"backend '{self.backend_id}' raised {type(self.error).__name__} during {self.phase}{where}: "
+            f"{self.error}",
+            backend_id=self.backend_id,
+            method=self.method,
+            phase=self.phase,
+            original_type=type(self.error).__name__,
+            original_message=str(self.error),
+            original_traceback=tb,
+        )
+        err.__cause__ = self.error
+        return err
+
+
+_pending = threading.local()
+
+
+def pop_delegate_error() -> EtsdkError | None:
+    """The exception a binding raised on this thread since the last call, if any."""
+    pending: _PendingError | None = getattr(_pending, "error", None)
+    _pending.error = None
+    return pending.to_exception() if pending is not None else None
+
+
+class _Dispatcher:
+    """Called by the native bridge for one backend id."""
+
+    def __init__(self, backend_id: str) -> None:
+        self.backend_id = backend_id
+        self._binding: Any = None
+        self._generation = -1
+        self._methods: dict[int, str] = {}
+
+    def _get_binding(self) -> Any:
+        # Re-pointed, not re-registered: after the plugin registry is rebuilt the
+        # same runtime slot resolves the backend id again.
+        from etsdk.registry import get_backend, registry_generation
+
+        generation = registry_generation()
+        if self._binding is None or generation != self._generation:
+            self._binding = get_backend(self.backend_id, require_available=True).runtime()
+            self._generation = generation
+        return self._binding
+
+    def init(self, backend_id: str, blob: Any, specs: list[tuple[str, bytes]], named: Any, method: str) -> Any:
+        named_data = NamedData(named)
+        try:
+            context = InitContext(
+                backend_id=backend_id,
+                method=method,
+                blob=memoryview(blob),
+                compile_specs=dict(specs),
+                named_data=named_data,
+            )
+            handle = self._get_binding().init(context)
+            if not callable(getattr(handle, "execute", None)):
+                raise TypeError(
+                    f"the runtime binding of '{backend_id}' returned {type(handle).__name__} from init(), "
+                    "which has no execute(args) method"
+                )
+        except BaseException as exc:  # noqa: BLE001 - carried to the caller by pop_delegate_error
+            self.record_error("init", exc, None, method)
+            return None
+        self._methods[id(handle)] = method
+        return handle
+
+    def record_error(self, phase: str, error: BaseException, handle: Any, method: str | None = None) -> None:
+        if method is None and handle is not None:
+            method = self._methods.get(id(handle))
+        _pending.error = _PendingError(self.backend_id, method, phase, error)
+
+    def destroy(self, handle: Any) -> None:
+        self._methods.pop(id(handle), None)
+        destroy = getattr(handle, "destroy", None)
+        if callable(destroy):
+            destroy()
+
+
+_lock = threading.Lock()
+_dispatchers: dict[str, _Dispatcher] = {}
+
+
+def _wrap_tensor(view: memoryview, dtype_code: int, sizes: tuple[int, ...]) -> Any:
+    import torch
+
+    from etsdk.dtypes import torch_dtype
+
+    dtype = torch_dtype(dtype_code)
+    if view.nbytes == 0:
+        return torch.empty(sizes, dtype=dtype)
+    return torch.frombuffer(view, dtype=dtype).view(sizes)
+
+
+def ensure_registered(backend_id: str) -> None:
+    """Register ``backend_id`` with the runtime (once per process) through the bridge.
+
+    The runtime's registry has a fixed number of slots and no unregister: a name
+    is registered once and its dispatcher kept for the life of the process.
+    """
+    from etsdk.bridge.build import load_extension
+
+    with _lock:
+        if backend_id in _dispatchers:
+            return
+        native = load_extension()
+        native.set_wrap_tensor(_wrap_tensor)
+        dispatcher = _Dispatcher(backend_id)
+        try:
+            native.register(backend_id, dispatcher)
+        except (ValueError, OverflowError) as exc:
+            raise BridgeRegistryError(str(exc), backend_id=backend_id) from None
+        _dispatchers[backend_id] = dispatcher
+
+
+def runtime_backend_names() -> list[str]:
+    """Every backend id the ExecuTorch runtime currently has registered."""
+    from etsdk.bridge.build import load_extension
+
+    return list(load_extension().runtime_backends())

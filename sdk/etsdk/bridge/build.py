@@ -1,0 +1,167 @@
+"""Build (once) and load the native bridge against the installed executorch wheel.
+
+The extension is compiled on first use into a cache keyed by everything that
+affects the binary (its source, the executorch version and library, the Python
+ABI, the compiler), so upgrading executorch rebuilds it and an unchanged setup
+never does. ``etsdk doctor`` builds it ahead of time; the README's set-up runs
+that. Facts this relies on (checked with executorch 1.5.1): the wheel ships its
+headers and ``libexecutorch.so``, which exports ``register_backend`` and is the
+same library the pybindings link, so a backend registered here is seen by the
+runtime's ``load_program``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import logging
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+from pathlib import Path
+from types import ModuleType
+
+from etsdk.errors import BridgeBuildError
+
+logger = logging.getLogger(__name__)
+
+_SOURCE = Path(__file__).with_name("_bridge.cpp")
+_MODULE_NAME = "_etsdk_bridge"
+_lock = threading.Lock()
+_module: ModuleType | None = None
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("ETSDK_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "etsdk"
+    )
+    return Path(root)
+
+
+def _executorch_root() -> Path:
+    spec = importlib.util.find_spec("executorch")
+    if spec is None or not spec.submodule_search_locations:
+        raise BridgeBuildError(
+            "the executorch package is not installed; install it with `pip install executorch==1.5.1`"
+        )
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _compiler() -> list[str]:
+    candidates = [os.environ["CXX"]] if os.environ.get("CXX") else []
+    candidates += ["c++", "g++", "clang++"]
+    for candidate in candidates:
+        argv = shlex.split(candidate)
+        if argv and shutil.which(argv[0]):
+            return argv
+    raise BridgeBuildError(
+        "no C++ compiler found to build the etsdk native bridge (looked for "
+        f"{', '.join(candidates)}). Install one, e.g. `apt-get install g++` on Debian/Ubuntu "
+        "or `xcode-select --install` on macOS, or point CXX at a C++17 compiler"
+    )
+
+
+def _command(output: Path) -> list[str]:
+    et = _executorch_root()
+    include = et / "include"
+    libdir = et / "lib"
+    if not (include / "executorch" / "runtime" / "backend" / "interface.h").is_file():
+        raise BridgeBuildError(f"the executorch wheel at {et} ships no runtime headers under {include}")
+    if not (libdir / "libexecutorch.so").is_file():
+        raise BridgeBuildError(f"the executorch wheel at {et} ships no lib/libexecutorch.so")
+    return [
+        *_compiler(),
+        "-O2",
+        "-std=c++17",
+        "-shared",
+        "-fPIC",
+        "-fvisibility=hidden",
+        "-DC10_USING_CUSTOM_GENERATED_MACROS",
+        "-D_GLIBCXX_USE_CXX11_ABI=1",
+        f"-I{include}",
+        f"-I{include / 'executorch' / 'runtime' / 'core' / 'portable_type' / 'c10'}",
+        f"-I{sysconfig.get_paths()['include']}",
+        str(_SOURCE),
+        f"-L{libdir}",
+        "-lexecutorch",
+        f"-Wl,-rpath,{libdir}",
+        "-o",
+        str(output),
+    ]
+
+
+def _cache_key(command: list[str]) -> str:
+    from importlib import metadata
+
+    lib = _executorch_root() / "lib" / "libexecutorch.so"
+    stat = lib.stat()
+    h = hashlib.sha256()
+    h.update(_SOURCE.read_bytes())
+    h.update(" ".join(command).encode())
+    h.update(metadata.version("executorch").encode())
+    h.update(f"{stat.st_size}:{stat.st_mtime_ns}".encode())
+    h.update(sysconfig.get_config_var("EXT_SUFFIX").encode())
+    return h.hexdigest()[:16]
+
+
+def build(*, force: bool = False, verbose: bool = False) -> Path:
+    """Compile the bridge if the cache has no matching build; return the library path."""
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    placeholder = Path("OUTPUT")
+    key = _cache_key(_command(placeholder))
+    target = cache_dir() / "bridge" / key / f"{_MODULE_NAME}{suffix}"
+    if target.is_file() and not force:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Build into a temporary file and rename: concurrent builders never see a
+    # half-written library, and the last rename wins with identical content.
+    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=suffix)
+    os.close(fd)
+    command = _command(Path(tmp))
+    print(f"etsdk: building the native bridge ({target.parent.name}) ...", file=sys.stderr, flush=True)
+    if verbose:
+        print(" ".join(shlex.quote(c) for c in command), file=sys.stderr)
+    try:
+        result = subprocess.run(command, capture_output=True, text=True)
+    except OSError as exc:
+        os.unlink(tmp)
+        raise BridgeBuildError(f"could not run the C++ compiler {command[0]!r}: {exc}") from exc
+    if result.returncode != 0:
+        os.unlink(tmp)
+        raise BridgeBuildError(
+            f"compiling the etsdk native bridge failed (exit {result.returncode}):\n"
+            + "\n".join(result.stderr.strip().splitlines()[-30:])
+        )
+    os.replace(tmp, target)
+    return target
+
+
+def load_extension() -> ModuleType:
+    """Build if needed and import the native bridge (once per process)."""
+    global _module
+    if _module is not None:
+        return _module
+    with _lock:
+        if _module is None:
+            path = build()
+            # The pybindings must be loaded first: they bring the kernels and the
+            # backends the wheel registers, in the same libexecutorch.so.
+            import executorch.extension.pybindings.portable_lib  # noqa: F401
+
+            loader = importlib.machinery.ExtensionFileLoader(_MODULE_NAME, str(path))
+            spec = importlib.util.spec_from_file_location(_MODULE_NAME, path, loader=loader)
+            if spec is None:
+                raise BridgeBuildError(f"cannot load the native bridge from {path}")
+            module = importlib.util.module_from_spec(spec)
+            try:
+                loader.exec_module(module)
+            except ImportError as exc:
+                raise BridgeBuildError(f"the native bridge at {path} failed to load: {exc}") from exc
+            _module = module
+        return _module
