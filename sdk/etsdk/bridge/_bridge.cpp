@@ -84,8 +84,11 @@ PyObject* make_owned_buffer(FreeableBuffer&& buf) {
 
 // ------------------------------------------------------------------ NamedData
 // The runtime's named data map, usable from Python only while init() runs.
+// A program without named data gives init a null map: that is an empty map,
+// not an error. ``active`` is false once init has returned.
 struct NamedData {
   PyObject_HEAD const NamedDataMap* map;
+  bool active;
 };
 
 PyObject* named_data_invalid() {
@@ -97,12 +100,16 @@ PyObject* named_data_invalid() {
 
 PyObject* named_data_get(PyObject* self, PyObject* arg) {
   auto* nd = reinterpret_cast<NamedData*>(self);
-  if (nd->map == nullptr) {
+  if (!nd->active) {
     return named_data_invalid();
   }
   Py_ssize_t len = 0;
   const char* key = PyUnicode_AsUTF8AndSize(arg, &len);
   if (key == nullptr) {
+    return nullptr;
+  }
+  if (nd->map == nullptr) {
+    PyErr_Format(PyExc_KeyError, "named data key '%s' not found (the program has no named data)", key);
     return nullptr;
   }
   Result<FreeableBuffer> data =
@@ -120,8 +127,11 @@ PyObject* named_data_get(PyObject* self, PyObject* arg) {
 
 PyObject* named_data_keys(PyObject* self, PyObject*) {
   auto* nd = reinterpret_cast<NamedData*>(self);
-  if (nd->map == nullptr) {
+  if (!nd->active) {
     return named_data_invalid();
+  }
+  if (nd->map == nullptr) {
+    return PyList_New(0);
   }
   Result<uint32_t> n = nd->map->get_num_keys();
   if (!n.ok()) {
@@ -286,6 +296,7 @@ class BridgeBackend final : public BackendInterface {
     auto* nd = PyObject_New(NamedData, &NamedDataType);
     if (nd != nullptr) {
       nd->map = context.get_named_data_map();
+      nd->active = true;
     }
     const char* method = context.get_method_name();
     PyObject* owner = nullptr;
@@ -302,6 +313,7 @@ class BridgeBackend final : public BackendInterface {
     }
     if (nd != nullptr) {
       nd->map = nullptr;  // the map is only guaranteed valid during init
+      nd->active = false;
     }
     Py_XDECREF(reinterpret_cast<PyObject*>(nd));
     Py_XDECREF(specs);

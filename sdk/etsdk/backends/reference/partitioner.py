@@ -54,14 +54,20 @@ class ReferencePartitioner(Partitioner):
     ``ops``: aten names to claim (``"aten::linear"`` for every overload, or
     ``"aten::add.Tensor"``); all functional aten calls when omitted.
     ``external_data``: put the partition's constants in ``<external_data>.ptd``
-    instead of the ``.pte``.
+    instead of the ``.pte``. ``backend_id``: tag partitions for another backend
+    that reuses this partitioner and serializer with its own runtime binding.
     """
 
-    def __init__(self, ops: Iterable[str] | None = None, external_data: str | None = None) -> None:
+    def __init__(
+        self,
+        ops: Iterable[str] | None = None,
+        external_data: str | None = None,
+        backend_id: str = BACKEND_ID,
+    ) -> None:
         specs = []
         if external_data:
             specs.append(CompileSpec(EXTERNAL_DATA_SPEC, external_data.encode()))
-        self.delegation_spec = DelegationSpec(BACKEND_ID, specs)
+        self.delegation_spec = DelegationSpec(backend_id, specs)
         self.ops = frozenset(ops) if ops is not None else None
 
     def partition(self, exported_program: torch.export.ExportedProgram) -> PartitionResult:
@@ -72,7 +78,7 @@ class ReferencePartitioner(Partitioner):
         for partition in partitioner.propose_partitions():
             if all(n.target is operator.getitem for n in partition.nodes):
                 continue
-            tag = f"etsdk_reference_{partition.id}"
+            tag = f"{self.delegation_spec.backend_id}_{partition.id}"
             for node in partition.nodes:
                 node.meta["delegation_tag"] = tag
             tags[tag] = self.delegation_spec

@@ -53,8 +53,8 @@ def _encode(value: Any, slots: dict[torch.fx.Node, int], where: str) -> Any:
 
 
 def _constant_key(tensor: torch.Tensor) -> str:
-    data = tensor.detach().contiguous()
-    digest = hashlib.sha256(data.view(torch.uint8).reshape(-1).numpy().tobytes() if data.numel() else b"")
+    data = tensor.detach().contiguous().reshape(-1)
+    digest = hashlib.sha256(data.view(torch.uint8).numpy().data if data.numel() else b"")
     digest.update(f"{_dtype_name(data.dtype)}{list(data.shape)}".encode())
     return f"etsdk_ref/{digest.hexdigest()[:32]}"
 

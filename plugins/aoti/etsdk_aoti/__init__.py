@@ -1,0 +1,1 @@
+"""etsdk-aoti: lowers partitions with AOTInductor and runs them through the container C API."""

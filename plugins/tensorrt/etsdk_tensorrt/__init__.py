@@ -1,0 +1,3 @@
+"""etsdk-tensorrt: a TensorRT backend for etsdk."""
+
+BACKEND_ID = "EtsdkTensorRTBackend"

@@ -1,0 +1,56 @@
+"""In-process test backends built from the reference backend's parts."""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+from typing import Any
+
+import etsdk
+from etsdk.backends.reference.runtime import ReferenceBinding
+
+
+def make_backend_plugin(backend_id: str, binding: Callable[[], Any], *, module_name: str | None = None) -> types.ModuleType:
+    """A plugin module providing ``backend_id`` with the reference partitioner/serializer and ``binding``."""
+
+    def partitioner(**options: Any) -> Any:
+        from etsdk.backends.reference.partitioner import ReferencePartitioner
+
+        return ReferencePartitioner(backend_id=backend_id, **options)
+
+    def preprocess(edge_program: Any, compile_specs: Any) -> Any:
+        from etsdk.backends.reference.serializer import preprocess as reference_preprocess
+
+        return reference_preprocess(edge_program, compile_specs)
+
+    module = types.ModuleType(module_name or f"plugin_{backend_id}")
+    module.ETSDK_PLUGIN_API = ">=1,<2"  # type: ignore[attr-defined]
+
+    @etsdk.hookimpl
+    def etsdk_register_backends() -> list[etsdk.BackendSpec]:
+        return [etsdk.BackendSpec(id=backend_id, version="0", partitioner=partitioner, preprocess=preprocess, runtime=binding)]
+
+    module.etsdk_register_backends = etsdk_register_backends  # type: ignore[attr-defined]
+    return module
+
+
+class RaisingBinding(ReferenceBinding):
+    """Raises from init or from execute, with a recognisable message."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def init(self, context: Any) -> Any:
+        if self.where == "init":
+            raise LookupError("init refused: blob checksum 0xdead")
+        handle = super().init(context)
+
+        def execute(args: Any) -> None:
+            fail_in_binding(args)
+
+        handle.execute = execute
+        return handle
+
+
+def fail_in_binding(args: Any) -> None:
+    raise ValueError(f"binding failed on {len(args)} arguments: boom 42")
