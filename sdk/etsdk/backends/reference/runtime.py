@@ -100,6 +100,16 @@ class _Ref:
         self.slot = slot
 
 
+def _has_ref(value: Any) -> bool:
+    if isinstance(value, _Ref):
+        return True
+    if isinstance(value, list):
+        return any(_has_ref(v) for v in value)
+    if isinstance(value, dict):
+        return any(_has_ref(v) for v in value.values())
+    return False
+
+
 def _materialise(value: Any, slots: list[Any]) -> Any:
     if isinstance(value, _Ref):
         return slots[value.slot]
@@ -110,6 +120,28 @@ def _materialise(value: Any, slots: list[Any]) -> Any:
     return value
 
 
+def _argument_getter(value: Any) -> Callable[[list[Any]], Any]:
+    """A function of the slots giving one argument: plain refs and constants cost one lookup."""
+    if isinstance(value, _Ref):
+        slot = value.slot
+        return lambda slots: slots[slot]
+    if not _has_ref(value):
+        return lambda slots: value
+    return lambda slots: _materialise(value, slots)
+
+
+class _Call:
+    """One aten call with its argument getters resolved at init."""
+
+    __slots__ = ("op", "args", "kwargs", "slot")
+
+    def __init__(self, op: Callable[..., Any], args: list[Any], kwargs: dict[str, Any], slot: int) -> None:
+        self.op = op
+        self.args = tuple(_argument_getter(a) for a in args)
+        self.kwargs = tuple((k, _argument_getter(v)) for k, v in kwargs.items())
+        self.slot = slot
+
+
 class ReferenceHandle:
     def __init__(self, program: _Program, blob: memoryview) -> None:
         self._program = program
@@ -117,27 +149,34 @@ class ReferenceHandle:
         self._slots: list[Any] = [None] * program.slot_count
         for slot, tensor in program.constants:
             self._slots[slot] = tensor
+        first = program.slot_count - len(program.calls)
+        self._calls = [_Call(op, a, k, first + i) for i, (op, a, k) in enumerate(program.calls)]
+        self._outputs = tuple(_argument_getter(v) for v in program.outputs)
+        self._num_inputs = program.num_inputs
+        self._num_args = program.num_inputs + program.num_outputs
 
     def execute(self, args: tuple[Any, ...]) -> None:
-        program = self._program
-        expected = program.num_inputs + program.num_outputs
-        if len(args) != expected:
+        if len(args) != self._num_args:
             raise ValueError(
-                f"reference delegate expects {program.num_inputs} input(s) and {program.num_outputs} "
-                f"output(s) ({expected} arguments), got {len(args)}"
+                f"reference delegate expects {self._num_inputs} input(s) and "
+                f"{self._num_args - self._num_inputs} output(s) ({self._num_args} arguments), got {len(args)}"
             )
         slots = self._slots
-        for slot, index in program.user_slots:
+        for slot, index in self._program.user_slots:
             slots[slot] = args[index]
-        position = program.slot_count - len(program.calls)
-        with torch.no_grad():
-            for op, call_args, call_kwargs in program.calls:
-                slots[position] = op(*_materialise(call_args, slots), **_materialise(call_kwargs, slots))
-                position += 1
-            for out, value in zip(args[program.num_inputs :], program.outputs):
-                out.copy_(_materialise(value, slots))
-        for slot, _ in program.user_slots:
+        # Runtime tensors never require grad, so no autograd state is recorded here.
+        for call in self._calls:
+            if call.kwargs:
+                kwargs = {k: get(slots) for k, get in call.kwargs}
+                slots[call.slot] = call.op(*[get(slots) for get in call.args], **kwargs)
+            else:
+                slots[call.slot] = call.op(*[get(slots) for get in call.args])
+        for out, get in zip(args[self._num_inputs :], self._outputs):
+            out.copy_(get(slots))
+        for slot, _ in self._program.user_slots:
             slots[slot] = None  # never hold runtime memory past the call
+        for call in self._calls:
+            slots[call.slot] = None
 
     def destroy(self) -> None:
         self._slots.clear()
