@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["SCALAR_TYPE_NAMES", "torch_dtype"]
+__all__ = ["SCALAR_TYPE_NAMES", "dtype_name", "torch_dtype"]
 
 #: ExecuTorch ScalarType code -> torch dtype attribute name (runtime/core/portable_type/scalar_type.h).
 SCALAR_TYPE_NAMES: dict[int, str] = {
@@ -37,3 +37,8 @@ def torch_dtype(code: int) -> torch.dtype:
         return _table()[code]
     except KeyError:
         raise ValueError(f"unsupported ExecuTorch scalar type code {code}") from None
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.float32`` -> ``"float32"``: the spelling contracts and signatures use."""
+    return str(dtype).removeprefix("torch.")

@@ -3,12 +3,21 @@
 ExecuTorch finds a backend's ``preprocess`` by the *class name* of a
 ``BackendDetails`` subclass equal to the backend id. For each plugin backend
 used, etsdk creates that class once per process (kept referenced here) and
-forwards ``preprocess`` to the plugin's serializer: plugins never subclass
+forwards ``preprocess`` to the plugin's serializer, wrapping what it returns
+with the delegate's signature (:mod:`etsdk.signature`): plugins never subclass
 ExecuTorch internals themselves.
+
+State (KV caches, counters) is declared, never inferred: each method maps the
+module buffers that hold state to state identities of the contract
+(``MethodSource(state={"layers.0.k_cache": "k0"})``). Those buffers are tagged
+into the delegate that uses them, so they leave the top-level program (no
+planning, no copy-back, no constant freezing); the delegate binds the session's
+storage at run time. A mutated buffer that is not declared is an error.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 import time
@@ -17,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from etsdk.dtypes import dtype_name as _dtype_name
 from etsdk.errors import ExportError
 
 __all__ = ["Lowered", "MethodSource", "lower"]
@@ -42,12 +52,15 @@ def backend_details_class(backend_id: str) -> type:
 
         def preprocess(edge_program: Any, compile_specs: list[Any]) -> PreprocessResult:
             from etsdk.registry import get_backend
+            from etsdk.signature import DelegateSignature, wrap_blob
 
+            signature = DelegateSignature.from_edge_program(edge_program, compile_specs)
             result = get_backend(backend_id).preprocess(edge_program, compile_specs)
             if not isinstance(result, PreprocessResult):
                 raise ExportError(
                     f"backend '{backend_id}' preprocess returned {type(result).__name__}, expected PreprocessResult"
                 )
+            result.processed_bytes, _ = wrap_blob(bytes(result.processed_bytes), signature)
             return result
 
         cls = type(
@@ -61,13 +74,73 @@ def backend_details_class(backend_id: str) -> type:
 
 @dataclass(frozen=True, slots=True)
 class MethodSource:
-    """One method to export: a module, example inputs, and the backends to lower to (in order)."""
+    """One method to export.
+
+    ``backends``: ids to lower to, each claiming what it supports, in order.
+    ``state``: module buffer FQN -> state identity of the contract, for every
+    buffer that holds state (read or written).
+    """
 
     module: Any
     example_inputs: tuple[Any, ...]
     backends: tuple[str, ...] = ()
     partitioner_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     strict: bool = False
+    state: Mapping[str, str] = field(default_factory=dict)
+
+
+class _StateTagging:
+    """Wraps a plugin partitioner: tags declared state buffers into the delegate that uses them."""
+
+    def __init__(self, inner: Any, state: Mapping[str, str], method: str) -> None:
+        from executorch.exir.backend.partitioner import Partitioner
+
+        self.inner = inner
+        self.state = dict(state)
+        self.method = method
+        # ExecuTorch checks isinstance(partitioner, Partitioner); build a subclass instance lazily.
+        wrapper = self
+
+        class _Wrapped(Partitioner):
+            def partition(self, exported_program: Any) -> Any:
+                return wrapper.partition(exported_program)
+
+            def ops_to_not_decompose(self, ep: Any) -> Any:
+                return inner.ops_to_not_decompose(ep)
+
+        self.partitioner = _Wrapped()
+
+    def partition(self, exported_program: Any) -> Any:
+        from executorch.exir.backend.compile_spec_schema import CompileSpec
+        from executorch.exir.backend.partitioner import DelegationSpec
+
+        from etsdk.signature import STATE_COMPILE_SPEC
+
+        result = self.inner.partition(exported_program)
+        buffers = exported_program.graph_signature.inputs_to_buffers
+        per_tag: dict[str, dict[str, str]] = {}
+        for node in exported_program.graph.nodes:
+            if node.op != "placeholder" or buffers.get(node.name) not in self.state:
+                continue
+            fqn = buffers[node.name]
+            tags = {user.meta.get("delegation_tag") for user in node.users}
+            if not tags:
+                continue
+            if len(tags) != 1 or None in tags or next(iter(tags)) not in result.partition_tags:
+                outside = sorted(u.name for u in node.users if u.meta.get("delegation_tag") is None)
+                raise ExportError(
+                    f"method '{self.method}': state '{self.state[fqn]}' (buffer '{fqn}') must be used by exactly one "
+                    f"delegate of this backend; used outside it by {outside or 'another delegate'}"
+                )
+            tag = next(iter(tags))
+            node.meta["delegation_tag"] = tag
+            per_tag.setdefault(tag, {})[fqn] = self.state[fqn]
+        for tag, mapping in per_tag.items():
+            old = result.partition_tags[tag]
+            specs = [cs for cs in old.compile_specs if cs.key != STATE_COMPILE_SPEC]
+            specs.append(CompileSpec(STATE_COMPILE_SPEC, json.dumps(mapping, sort_keys=True).encode()))
+            result.partition_tags[tag] = DelegationSpec(old.backend_id, specs)
+        return result
 
 
 def _progress(stage: str, quiet: bool, started: float) -> None:
@@ -112,6 +185,7 @@ def lower(
     example_inputs: Sequence[Any] | None = None,
     backend: str | Sequence[str] | None = None,
     partitioner_options: Mapping[str, Any] | None = None,
+    contract: Any = None,
     quiet: bool = True,
 ) -> Lowered:
     """Export and lower a model.
@@ -119,13 +193,15 @@ def lower(
     Either one method (``module``, ``example_inputs``, ``backend``: exported as
     ``forward``) or several (``methods``: name -> :class:`MethodSource`), each
     with its own backends (for example prefill on one backend, decode on
-    another). ``backend`` may list several ids: each claims what it supports,
-    in order. Progress goes to stderr unless ``quiet``.
+    another). ``contract``: a bound :class:`etsdk.contract.Contract` record the
+    methods follow; it is checked here and embedded in the program. Progress
+    goes to stderr unless ``quiet``.
     """
     import torch
     from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
 
     from etsdk.registry import edge_transform_passes, get_backend
+    from etsdk.signature import PROGRAM_RECORD_KEY, ProgramRecord, check_binding_order
 
     if methods is None:
         if module is None or example_inputs is None:
@@ -133,6 +209,8 @@ def lower(
         backends = (backend,) if isinstance(backend, str) else tuple(backend or ())
         options = {b: dict(partitioner_options or {}) for b in backends}
         methods = {"forward": MethodSource(module, tuple(example_inputs), backends, options)}
+    if contract is not None and not contract.is_bound:
+        raise ExportError(f"contract '{contract.name}' must be bound to sizes (contract.bind(...)) before export")
     started = time.perf_counter()
     exported: dict[str, Any] = {}
     partitioners: dict[str, list[Any]] = {}
@@ -143,14 +221,22 @@ def lower(
             exported[name] = torch.export.export(source.module, tuple(source.example_inputs), strict=source.strict)
         except Exception as exc:
             raise ExportError(f"torch.export of method '{name}' failed: {type(exc).__name__}: {exc}") from exc
+        _check_state_declarations(name, source, exported[name], contract)
+        if contract is not None:
+            _check_engine_io(name, exported[name], contract)
         partitioners[name] = []
         for backend_id in source.backends:
-            spec = get_backend(backend_id)
+            spec = get_backend(backend_id, require_available=True)
             backend_details_class(backend_id)
-            partitioners[name].append(spec.partitioner(**dict(source.partitioner_options.get(backend_id, {}))))
+            inner = spec.partitioner(**dict(source.partitioner_options.get(backend_id, {})))
+            partitioners[name].append(_StateTagging(inner, source.state, name).partitioner if source.state else inner)
             for p in edge_transform_passes(backend_id):
                 if p not in passes:
                     passes.append(p)
+    if contract is not None:
+        missing = [m.name for m in contract.methods if m.name not in methods]
+        if missing:
+            raise ExportError(f"contract '{contract.name}' needs method(s) {', '.join(missing)} that were not given")
     _progress("lowering to edge and partitioning", quiet, started)
     edge = to_edge_transform_and_lower(
         exported,
@@ -158,7 +244,105 @@ def lower(
         transform_passes=passes or None,
         compile_config=EdgeCompileConfig(_check_ir_validity=False),
     )
+    _progress("checking binding order and state placement", quiet, started)
+    records = {}
+    for name, source in methods.items():
+        lowered_program = edge.exported_program(name)
+        left = sorted(set(source.state) & set(lowered_program.graph_signature.buffers))
+        if left:
+            raise ExportError(
+                f"method '{name}': state buffer(s) {', '.join(left)} stayed in the top-level program; every op "
+                "using declared state must be claimed by one delegate"
+            )
+        records[name] = check_binding_order(name, lowered_program.graph_module, _details_classes)
+    record = ProgramRecord(
+        methods=records,
+        contract=contract,
+        producer=f"etsdk {_version()}",
+        state_fqns={name: dict(source.state) for name, source in methods.items() if source.state},
+    )
+    store = getattr(edge, "_named_data_store", None)
+    if store is None:
+        raise ExportError("this executorch release has no program-level named data store; etsdk needs executorch==1.5.1")
+    store.add_named_data(PROGRAM_RECORD_KEY, record.to_bytes())
     _progress("emitting the ExecuTorch program", quiet, started)
     manager = edge.to_executorch(ExecutorchBackendConfig(extract_delegate_segments=True))
     _progress("done", quiet, started)
     return Lowered(manager)
+
+
+def _version() -> str:
+    from etsdk import __version__
+
+    return __version__
+
+
+
+def _check_state_declarations(method: str, source: MethodSource, exported: Any, contract: Any) -> None:
+    """Declared state must be real buffers of the right shape, dtype and initial value; mutation must be declared."""
+    signature = exported.graph_signature
+    mutated = set(signature.buffers_to_mutate.values())
+    undeclared = sorted(mutated - set(source.state))
+    if undeclared:
+        raise ExportError(
+            f"method '{method}' mutates buffer(s) {', '.join(undeclared)} that are not declared as state; map each "
+            "to a state identity: MethodSource(state={fqn: identity})"
+        )
+    if source.state and contract is None:
+        raise ExportError(f"method '{method}' declares state but no contract was given; state is described by a contract")
+    buffers = dict(exported.named_buffers())
+    for fqn, identity in source.state.items():
+        if fqn not in buffers:
+            raise ExportError(
+                f"method '{method}': state '{identity}' names buffer '{fqn}', which the module does not have "
+                f"(buffers: {', '.join(sorted(buffers)) or 'none'})"
+            )
+        spec = contract.state(identity)
+        tensor = buffers[fqn]
+        found = (_dtype_name(tensor.dtype), tuple(tensor.shape))
+        if found != (spec.dtype, tuple(spec.shape)):
+            raise ExportError(
+                f"method '{method}': buffer '{fqn}' is {found[0]} {list(found[1])} but state '{identity}' is declared "
+                f"{spec.dtype} {list(spec.shape)}"
+            )
+        if tensor.numel() and not bool((tensor == spec.initial).all()):
+            raise ExportError(
+                f"method '{method}': buffer '{fqn}' holds values other than state '{identity}''s declared initial "
+                f"value {spec.initial}; reset the module's buffers before export (the program starts from the "
+                "declared initial value, not from the buffer's contents)"
+            )
+    method_spec = contract.method(method) if contract is not None else None
+    if method_spec is not None:
+        used = set(method_spec.states_read) | set(method_spec.states_written)
+        unmapped = sorted(used - set(source.state.values()))
+        if unmapped:
+            raise ExportError(
+                f"method '{method}' uses state(s) {', '.join(unmapped)} per contract '{contract.name}' but maps no "
+                "buffer to them (MethodSource(state={fqn: identity}))"
+            )
+
+
+def _check_engine_io(method: str, exported: Any, contract: Any) -> None:
+    """The exported method's user inputs and outputs must be the contract's engine-bound ones, in order."""
+    spec = contract.method(method)
+    placeholders = {n.name: n for n in exported.graph.nodes if n.op == "placeholder"}
+    output_node = next(n for n in exported.graph.nodes if n.op == "output")
+    produced = dict(zip([s.arg.name for s in exported.graph_signature.output_specs], output_node.args[0]))
+    sides = (
+        ("input", spec.engine_inputs, [placeholders[n] for n in exported.graph_signature.user_inputs]),
+        ("output", spec.engine_outputs, [produced[n] for n in exported.graph_signature.user_outputs]),
+    )
+    for side, wanted, nodes in sides:
+        if len(wanted) != len(nodes):
+            raise ExportError(
+                f"method '{method}': contract '{contract.name}' binds {len(wanted)} {side}(s) through the engine "
+                f"({', '.join(w.name for w in wanted)}), the module has {len(nodes)}"
+            )
+        for index, (want, node) in enumerate(zip(wanted, nodes)):
+            value = node.meta.get("val")
+            found = (_dtype_name(value.dtype), tuple(value.shape)) if value is not None else None
+            if found != (want.dtype, tuple(want.shape)):
+                raise ExportError(
+                    f"method '{method}' {side} {index} ('{want.name}', role {want.role.value}): contract expects "
+                    f"{want.dtype} {list(want.shape)}, module has {found[0] + ' ' + str(list(found[1])) if found else 'no tensor'}"
+                )

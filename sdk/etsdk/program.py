@@ -7,6 +7,16 @@ is resolved: ids provided by installed etsdk plugins are registered through
 the bridge (only those this program uses), ids built into the runtime are used
 as they are, and any other id is a clear error saying which plugin is missing.
 
+The program record etsdk embeds at export (contract, every delegate's
+signature) is read and validated before any method loads: an unknown contract
+or version is refused with the versions this installation supports, and every
+engine-bound input and output of every method is checked against the contract
+(method, index, role, expected, found).
+
+Programs whose contract declares state run with a :class:`etsdk.state.Session`
+(``program.new_session()``; ``program.run(..., session=...)``), one storage per
+state identity, shared by every method and delegate of the program.
+
 Methods of one program share planned memory, so calls into one program are
 serialised by a per-program lock; separate programs run independently.
 """
@@ -19,8 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from etsdk.bridge import ensure_registered, pop_delegate_error, runtime_backend_names
+from etsdk.bridge import ensure_registered, loading_method, pop_delegate_error, runtime_backend_names
+from etsdk.contract import Contract, ContractError
 from etsdk.errors import BackendNotFoundError, EtsdkError, ProgramError
+from etsdk.signature import PROGRAM_RECORD_KEY, ProgramRecord
+from etsdk.state import Session, StateError
 
 __all__ = ["Method", "MethodInfo", "Program", "TensorInfo", "load"]
 
@@ -62,43 +75,86 @@ class Method:
         self._native = native
         self.info = program.method_info(name)
 
-    def __call__(self, *inputs: Any) -> list[Any]:
-        return self.execute(inputs)
+        self._stateful = program.contract is not None and bool(program.contract.states)
 
-    def execute(self, inputs: Sequence[Any]) -> list[Any]:
+    def __call__(self, *inputs: Any, session: Session | None = None) -> list[Any]:
+        return self.execute(inputs, session=session)
+
+    def execute(self, inputs: Sequence[Any], *, session: Session | None = None) -> list[Any]:
+        """Run with ``inputs``; a stateful program binds ``session`` (default: the program's own)."""
         expected = len(self.info.inputs)
         if len(inputs) != expected:
             raise ProgramError(f"method '{self.name}' takes {expected} input(s), got {len(inputs)}")
+        if self._stateful:
+            if session is None:
+                session = self._program.default_session
+            session.check_owner(self._program)
+            with self._program._lock, session.active():
+                return self._execute(inputs)
+        if session is not None:
+            raise StateError(f"method '{self.name}' declares no state; it takes no session")
         with self._program._lock:
-            pop_delegate_error()
-            try:
-                return list(self._native.execute(list(inputs)))
-            except RuntimeError as exc:
-                carried = pop_delegate_error()
-                if carried is not None:
-                    raise carried from carried.__cause__
-                raise ProgramError(f"method '{self.name}' failed in the ExecuTorch runtime: {exc}") from exc
+            return self._execute(inputs)
+
+    def _execute(self, inputs: Sequence[Any]) -> list[Any]:
+        pop_delegate_error()
+        try:
+            return list(self._native.execute(list(inputs)))
+        except RuntimeError as exc:
+            carried = pop_delegate_error()
+            if carried is not None:
+                raise carried from carried.__cause__
+            raise ProgramError(f"method '{self.name}' failed in the ExecuTorch runtime: {exc}") from exc
 
 
 class Program:
     """A verified ExecuTorch program with its backends resolved."""
 
-    def __init__(self, path: Path, data: Path | None, native: Any, backends: dict[str, tuple[str, ...]]) -> None:
+    def __init__(
+        self,
+        path: Path,
+        data: Path | None,
+        native: Any,
+        backends: dict[str, tuple[str, ...]],
+        record: ProgramRecord | None,
+    ) -> None:
         self.path = path
         self.data = data
         self._native = native
         self._backends = backends
+        self._record = record
         self._lock = threading.RLock()
         self._methods: dict[str, Method] = {}
+        self._default_session: Session | None = None
 
     @property
     def methods(self) -> tuple[str, ...]:
         return tuple(self._backends)
 
     @property
-    def contract(self) -> Any:
-        """The I/O contract embedded in the program, or None (contracts arrive with the contracts issue)."""
-        return None
+    def contract(self) -> Contract | None:
+        """The I/O contract record embedded in the program (validated at load), or None."""
+        return self._record.contract if self._record is not None else None
+
+    @property
+    def record(self) -> ProgramRecord | None:
+        """etsdk's program record: contract and every delegate's signature in engine order."""
+        return self._record
+
+    def new_session(self) -> Session:
+        """Fresh state for this program: every declared state at its initial value."""
+        contract = self.contract
+        if contract is None or not contract.states:
+            raise StateError(f"program {self.path.name} declares no state")
+        return Session(contract, owner=self)
+
+    @property
+    def default_session(self) -> Session:
+        """The session used when a stateful method is called without one (created on first use)."""
+        with self._lock:
+            if self._default_session is None:
+                self._default_session = self.new_session()
+            return self._default_session
 
     def delegates(self, method: str) -> tuple[str, ...]:
         self._check_method(method)
@@ -129,7 +185,8 @@ class Program:
                 return found
             pop_delegate_error()
             try:
-                native = self._native.load_method(method)
+                with loading_method(self._record, method, self.path.name):
+                    native = self._native.load_method(method)
             except RuntimeError as exc:
                 carried = pop_delegate_error()
                 if carried is not None:
@@ -147,8 +204,8 @@ class Program:
     def __getitem__(self, method: str) -> Method:
         return self.load_method(method)
 
-    def run(self, method: str, *inputs: Any) -> list[Any]:
-        return self.load_method(method)(*inputs)
+    def run(self, method: str, *inputs: Any, session: Session | None = None) -> list[Any]:
+        return self.load_method(method).execute(inputs, session=session)
 
     def __repr__(self) -> str:
         return f"Program({str(self.path)!r}, methods={list(self.methods)})"
@@ -189,10 +246,13 @@ def load(path: str | Path, data: str | Path | None = None) -> Program:
         raise ProgramError(f"data file not found: {data_path}")
     native_bridge = load_extension()
     try:
-        listing = native_bridge.program_backends(str(path))
+        listing, record_bytes = native_bridge.inspect_program(str(path), PROGRAM_RECORD_KEY)
     except (ValueError, OSError) as exc:
         raise ProgramError(f"{path} is not a valid ExecuTorch program: {exc}") from None
     backends = {method: tuple(ids) for method, ids in listing}
+    record = ProgramRecord.from_bytes(record_bytes, path.name) if record_bytes is not None else None
+    if record is not None and record.contract is not None:
+        _check_contract(record.contract, path)
     _resolve_backends(backends, path)
     from executorch.runtime import Runtime, Verification
 
@@ -206,4 +266,48 @@ def load(path: str | Path, data: str | Path | None = None) -> Program:
         raise ProgramError(f"the ExecuTorch runtime refused {path}: {exc}") from exc
     except EtsdkError:
         raise
-    return Program(path, data_path, native, backends)
+    program = Program(path, data_path, native, backends, record)
+    if record is not None and record.contract is not None:
+        _check_engine_io(program, record.contract)
+    return program
+
+
+def _check_contract(record: Contract, path: Path) -> None:
+    """The embedded record must be a contract this installation knows, and follow its specification."""
+    from etsdk.registry import get_contract
+
+    spec_file = get_contract(record.name, record.version)
+    spec = Contract.from_bytes(spec_file.path.read_bytes(), where=str(spec_file.path))
+    try:
+        record.check_conforms_to(spec)
+    except ContractError as exc:
+        raise ContractError(f"{path.name}: {exc}") from None
+
+
+def _check_engine_io(program: Program, contract: Contract) -> None:
+    """Every method the contract names exists, and its engine inputs / outputs match, index by index."""
+    from etsdk.dtypes import dtype_name
+
+    for spec in contract.methods:
+        if spec.name not in program.methods:
+            raise ContractError(
+                f"{program.path.name}: contract '{contract.name}' v{contract.version} requires method '{spec.name}', "
+                f"the program has {', '.join(program.methods)}"
+            )
+        info = program.method_info(spec.name)
+        for side, wanted, found in (
+            ("input", spec.engine_inputs, info.inputs),
+            ("output", spec.engine_outputs, info.outputs),
+        ):
+            if len(wanted) != len(found):
+                raise ContractError(
+                    f"{program.path.name}: method '{spec.name}' has {len(found)} {side}(s), contract "
+                    f"'{contract.name}' binds {len(wanted)} through the engine ({', '.join(w.name for w in wanted)})"
+                )
+            for index, (want, got) in enumerate(zip(wanted, found)):
+                got_desc = f"{dtype_name(got.dtype)} {list(got.shape)}" if got is not None else "a non-tensor value"
+                if got is None or (dtype_name(got.dtype), got.shape) != (want.dtype, tuple(want.shape)):
+                    raise ContractError(
+                        f"{program.path.name}: method '{spec.name}' {side} {index} ('{want.name}', role "
+                        f"{want.role.value}): expected {want.dtype} {list(want.shape)}, found {got_desc}"
+                    )

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from etsdk.errors import BridgeRegistryError, DelegateError, EtsdkError, ProgramError
+from etsdk.signature import DelegateSignature, ProgramRecord, unwrap_blob
 
 __all__ = [
     "DelegateHandle",
@@ -94,13 +95,19 @@ def _frombuffer_readonly(buf: memoryview, dtype: Any) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class InitContext:
-    """What a binding's ``init`` receives for one delegate of one method."""
+    """What a binding's ``init`` receives for one delegate of one method.
+
+    ``blob`` is the plugin's own payload (what its preprocess returned), a
+    zero-copy view: keep a reference to keep it alive. ``signature`` lists the
+    delegate's engine arguments in binding order and the state it binds.
+    """
 
     backend_id: str
     method: str
-    blob: memoryview  # zero-copy; keep a reference to keep it alive
+    blob: memoryview
     compile_specs: Mapping[str, bytes]
     named_data: NamedData
+    signature: DelegateSignature
 
 
 class DelegateHandle(Protocol):
@@ -138,6 +145,68 @@ class _PendingError:
 
 
 _pending = threading.local()
+_loading = threading.local()
+
+
+class loading_method:
+    """Context for delegate ``init`` calls of one method load: which record to check against."""
+
+    def __init__(self, record: ProgramRecord | None, method: str, program: str) -> None:
+        self.record = record
+        self.method = method
+        self.program = program
+        self.index = 0
+
+    def __enter__(self) -> loading_method:
+        self._previous = getattr(_loading, "context", None)
+        _loading.context = self
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _loading.context = self._previous
+
+
+def _check_against_record(backend_id: str, method: str, signature: DelegateSignature) -> None:
+    context: loading_method | None = getattr(_loading, "context", None)
+    if context is None:
+        return  # loaded outside etsdk.load (e.g. plain executorch.runtime): nothing to check against
+    where = f"{context.program}: method '{method}', delegate {context.index} ({backend_id})"
+    if context.record is None:
+        raise ProgramError(f"{where}: the program carries no etsdk program record; re-export it with etsdk.lower")
+    delegates = context.record.methods.get(method, ())
+    if context.index >= len(delegates):
+        raise ProgramError(f"{where}: the program record lists only {len(delegates)} etsdk delegate(s) for this method")
+    expected = delegates[context.index]
+    context.index += 1
+    if expected.backend != backend_id or expected.signature != signature:
+        raise ProgramError(
+            f"{where}: the delegate's signature does not match the program record (binding order or types differ): "
+            f"record binds inputs {[a.describe() for a in expected.signature.inputs]} -> outputs "
+            f"{[a.describe() for a in expected.signature.outputs]}, the delegate expects inputs "
+            f"{[a.describe() for a in signature.inputs]} -> outputs {[a.describe() for a in signature.outputs]}"
+        )
+
+
+def _argument_check(backend_id: str, method: str, signature: DelegateSignature) -> Any:
+    expected = (*signature.inputs, *signature.outputs)
+
+    def check(args: tuple[Any, ...]) -> None:
+        from etsdk.dtypes import dtype_name
+
+        if len(args) != len(expected):
+            raise ProgramError(
+                f"method '{method}', delegate {backend_id}: the runtime passed {len(args)} arguments, the delegate's "
+                f"signature has {len(expected)}"
+            )
+        for index, (arg, want) in enumerate(zip(args, expected)):
+            found = (dtype_name(arg.dtype), tuple(arg.shape)) if hasattr(arg, "dtype") else (type(arg).__name__, ())
+            if found != (want.dtype, want.shape):
+                raise ProgramError(
+                    f"method '{method}', delegate {backend_id}: argument {index} is {found[0]} {list(found[1])}, "
+                    f"the signature binds {want.describe()} there"
+                )
+
+    return check
 
 
 def pop_delegate_error() -> EtsdkError | None:
@@ -170,12 +239,15 @@ class _Dispatcher:
     def init(self, backend_id: str, blob: Any, specs: list[tuple[str, bytes]], named: Any, method: str) -> Any:
         named_data = NamedData(named)
         try:
+            signature, payload = unwrap_blob(memoryview(blob), f"method '{method}', delegate {backend_id}")
+            _check_against_record(backend_id, method, signature)
             context = InitContext(
                 backend_id=backend_id,
                 method=method,
-                blob=memoryview(blob),
+                blob=payload,
                 compile_specs=dict(specs),
                 named_data=named_data,
+                signature=signature,
             )
             handle = self._get_binding().init(context)
             if not callable(getattr(handle, "execute", None)):
@@ -187,7 +259,7 @@ class _Dispatcher:
             self.record_error("init", exc, None, method)
             return None
         self._methods[id(handle)] = method
-        return handle
+        return handle, _argument_check(backend_id, method, signature)
 
     def record_error(self, phase: str, error: BaseException, handle: Any, method: str | None = None) -> None:
         if method is None and handle is not None:

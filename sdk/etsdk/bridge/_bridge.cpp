@@ -176,6 +176,7 @@ struct CachedArg {
 struct Handle {
   PyObject* execute = nullptr;  // bound method, owned
   PyObject* owner = nullptr;  // the binding's handle object, owned
+  PyObject* check = nullptr;  // check(args): called when the runtime hands over new memory, owned
   std::vector<CachedArg> cache;
 };
 
@@ -261,6 +262,7 @@ class BridgeBackend final : public BackendInterface {
     for (CachedArg& c : h->cache) {
       Py_XDECREF(c.tensor);
     }
+    Py_XDECREF(h->check);
     Py_XDECREF(h->execute);
     Py_XDECREF(h->owner);
     delete h;
@@ -328,19 +330,32 @@ class BridgeBackend final : public BackendInterface {
       Py_DECREF(owner);
       return Error::DelegateInvalidCompatibility;
     }
+    PyObject* check = nullptr;
+    if (PyTuple_Check(owner) && PyTuple_GET_SIZE(owner) == 2) {
+      // (handle, check): the dispatcher's argument check rides along.
+      PyObject* pair = owner;
+      owner = Py_NewRef(PyTuple_GET_ITEM(pair, 0));
+      check = Py_NewRef(PyTuple_GET_ITEM(pair, 1));
+      Py_DECREF(pair);
+    }
     PyObject* exec = PyObject_GetAttrString(owner, "execute");
     if (exec == nullptr) {
       record_error(dispatcher_, "init", owner);
       Py_DECREF(owner);
+      Py_XDECREF(check);
       return Error::InvalidState;
     }
     auto* h = new Handle();
     h->owner = owner;
     h->execute = exec;
+    if (check == Py_None) {
+      Py_CLEAR(check);
+    }
+    h->check = check;
     return static_cast<DelegateHandle*>(h);
   }
 
-  PyObject* wrap_tensor(CachedArg& slot, et::EValue* ev) const {
+  PyObject* wrap_tensor(CachedArg& slot, et::EValue* ev, bool* miss) const {
     const auto& t = ev->toTensor();
     void* data = t.mutable_data_ptr();
     size_t nbytes = t.nbytes();
@@ -384,6 +399,7 @@ class BridgeBackend final : public BackendInterface {
       return nullptr;
     }
     Py_XSETREF(slot.tensor, tensor);
+    *miss = true;
     slot.data = data;
     slot.nbytes = nbytes;
     slot.dtype = dtype;
@@ -401,11 +417,12 @@ class BridgeBackend final : public BackendInterface {
       PyErr_WriteUnraisable(h->owner);
       return Error::MemoryAllocationFailed;
     }
+    bool miss = false;
     for (size_t i = 0; i < args.size(); ++i) {
       EValue* ev = args[i];
       PyObject* item = nullptr;
       if (ev->isTensor()) {
-        item = wrap_tensor(h->cache[i], ev);
+        item = wrap_tensor(h->cache[i], ev, &miss);
       } else if (ev->isInt()) {
         item = PyLong_FromLongLong(ev->toInt());
       } else if (ev->isDouble()) {
@@ -428,6 +445,20 @@ class BridgeBackend final : public BackendInterface {
         return Error::InvalidArgument;
       }
       PyTuple_SET_ITEM(tuple, i, item);
+    }
+    if (miss && h->check != nullptr) {
+      // New memory from the runtime (first call, or re-planned): check the
+      // arguments against the delegate's signature before the binding runs.
+      PyObject* ok = PyObject_CallOneArg(h->check, tuple);
+      if (ok == nullptr) {
+        Py_DECREF(tuple);
+        for (CachedArg& c : h->cache) {
+          Py_CLEAR(c.tensor);  // check again next time
+        }
+        record_error(dispatcher_, "execute", h->owner);
+        return Error::InvalidArgument;
+      }
+      Py_DECREF(ok);
     }
     PyObject* r = PyObject_CallOneArg(h->execute, tuple);
     Py_DECREF(tuple);
@@ -510,12 +541,15 @@ PyObject* py_set_wrap_tensor(PyObject*, PyObject* fn) {
   Py_RETURN_NONE;
 }
 
-// program_backends(path) -> list[(method, [backend ids])]. Parses and verifies
-// the program with the runtime's own loader, so a corrupted file is refused
-// here before any backend is registered or any method is loaded.
+// inspect_program(path, key) -> ([(method, [backend ids])], bytes | None).
+// Parses and verifies the program with the runtime's own loader, so a
+// corrupted file is refused here before any backend is registered or any
+// method is loaded; also returns the program-level named data under ``key``
+// (etsdk's program record), readable before any delegate initialises.
 PyObject* py_program_backends(PyObject*, PyObject* args) {
   const char* path = nullptr;
-  if (!PyArg_ParseTuple(args, "s", &path)) {
+  const char* record_key = nullptr;
+  if (!PyArg_ParseTuple(args, "ss", &path, &record_key)) {
     return nullptr;
   }
   auto loader = ::executorch::extension::FileDataLoader::from(path);
@@ -563,7 +597,28 @@ PyObject* py_program_backends(PyObject*, PyObject* args) {
       Py_DECREF(item);
     }
   }
-  return out;
+  if (out == nullptr) {
+    return nullptr;
+  }
+  PyObject* record = nullptr;
+  auto map = program->get_named_data_map();
+  if (map.ok() && map.get() != nullptr) {
+    auto data = map.get()->get_data(record_key);
+    if (data.ok()) {
+      record = PyBytes_FromStringAndSize(
+          static_cast<const char*>(data->data()),
+          static_cast<Py_ssize_t>(data->size()));
+      data->Free();
+      if (record == nullptr) {
+        Py_DECREF(out);
+        return nullptr;
+      }
+    }
+  }
+  if (record == nullptr) {
+    record = Py_NewRef(Py_None);
+  }
+  return Py_BuildValue("(NN)", out, record);
 }
 
 PyMethodDef module_methods[] = {
@@ -573,8 +628,8 @@ PyMethodDef module_methods[] = {
      "names registered in the runtime's backend registry"},
     {"set_wrap_tensor", py_set_wrap_tensor, METH_O,
      "set the function that turns (memoryview, dtype, sizes) into a tensor"},
-    {"program_backends", py_program_backends, METH_VARARGS,
-     "program_backends(path) -> [(method, [backend ids])]"},
+    {"inspect_program", py_program_backends, METH_VARARGS,
+     "inspect_program(path, key) -> ([(method, [backend ids])], bytes | None)"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module_def = {
@@ -601,6 +656,6 @@ PyMODINIT_FUNC PyInit__etsdk_bridge(void) {
   }
   PyObject* m = PyModule_Create(&module_def);
   if (m == nullptr) return nullptr;
-  PyModule_AddIntConstant(m, "ABI_VERSION", 1);
+  PyModule_AddIntConstant(m, "ABI_VERSION", 2);
   return m;
 }

@@ -17,10 +17,15 @@ from etsdk.backends.reference import BACKEND_ID
 from etsdk.backends.reference.graph_format import EXTERNAL_DATA_SPEC
 
 
+#: Operator namespaces the reference runtime can call: aten, and ExecuTorch's
+#: dim-order variants of clone / to_copy that edge lowering inserts.
+NAMESPACES = frozenset({"aten", "dim_order_ops"})
+
+
 def aten_name(target: Any) -> str | None:
-    """``aten::add.Tensor`` for an aten / edge op overload, else None."""
+    """``aten::add.Tensor`` for an aten (or dim_order_ops) / edge op overload, else None."""
     op = getattr(target, "_op", target)
-    if isinstance(op, torch._ops.OpOverload) and op.namespace == "aten":
+    if isinstance(op, torch._ops.OpOverload) and op.namespace in NAMESPACES:
         return op.name()
     return None
 

@@ -19,6 +19,7 @@ from etsdk.backends.reference.graph_format import GRAPH_FEATURE, GRAPH_SECTION
 from etsdk.blob import BlobReader
 from etsdk.bridge import InitContext
 from etsdk.errors import BlobFormatError
+from etsdk.state import current_session
 
 _ENUMS: dict[str, Callable[[str], Any]] = {
     "dtype": lambda v: getattr(torch, v),
@@ -34,6 +35,8 @@ def _resolve_op(name: str) -> Callable[..., Any]:
         return operator.getitem
     namespace, _, rest = name.partition("::")
     packet_name, _, overload = rest.partition(".")
+    if namespace == "dim_order_ops":
+        import executorch.exir.passes.dim_order_ops_registry  # noqa: F401  (registers the ops with torch)
     try:
         packet = getattr(getattr(torch.ops, namespace), packet_name)
         return getattr(packet, overload or "default")
@@ -49,11 +52,18 @@ class _Program:
             raise BlobFormatError("reference graph must be an object with inputs, nodes and outputs")
         self.slot_count = 0
         self.user_slots: list[tuple[int, int]] = []  # (slot, delegate arg index)
+        self.state_slots: list[tuple[int, str]] = []  # (slot, state identity)
         self.constants: list[tuple[int, torch.Tensor]] = []
+        declared = {s.state for s in context.signature.states}
         for spec in document["inputs"]:
             kind = spec.get("kind") if isinstance(spec, dict) else None
             if kind == "user":
                 self.user_slots.append((self.slot_count, int(spec["index"])))
+            elif kind == "state":
+                state = str(spec["state"])
+                if state not in declared:
+                    raise BlobFormatError(f"reference graph binds state '{state}' its signature does not declare")
+                self.state_slots.append((self.slot_count, state))
             elif kind == "constant":
                 tensor = context.named_data.get_tensor(
                     str(spec["key"]), getattr(torch, str(spec["dtype"])), tuple(int(d) for d in spec["shape"])
@@ -70,6 +80,38 @@ class _Program:
         self.outputs = self._decode(document["outputs"])
         self.num_inputs = len(self.user_slots)
         self.num_outputs = len(self.outputs)
+        self.state_updates: list[tuple[str, Any]] = [
+            (str(u["state"]), self._decode(u["value"])) for u in document.get("state_updates", [])
+        ]
+        self.in_place = self._plan_in_place_updates()
+
+    def _plan_in_place_updates(self) -> set[str]:
+        """Turn functional cache writes back into in-place updates of the session storage.
+
+        ``index_put(state, idx, v)`` (or ``index_copy``) whose result is the
+        state's new value runs as ``index_put_`` on the storage itself, if no
+        call after it reads the state's old value. Returns the states updated so.
+        """
+        first_call_slot = self.slot_count - len(self.calls)
+        state_slot = {state: slot for slot, state in self.state_slots}
+        in_place: set[str] = set()
+        for state, value in self.state_updates:
+            if not isinstance(value, _Ref) or value.slot < first_call_slot:
+                continue
+            index = value.slot - first_call_slot
+            op, args, kwargs = self.calls[index]
+            name = getattr(op, "__name__", "")
+            inplace_op = _IN_PLACE.get(name)
+            if inplace_op is None or not args or not isinstance(args[0], _Ref) or args[0].slot != state_slot[state]:
+                continue
+            if name.startswith("index_put") and (len(args) > 3 and args[3] or kwargs.get("accumulate")):
+                continue
+            later = [c for c in self.calls[index + 1 :] if state_slot[state] in _refs(c[1]) | _refs(c[2])]
+            if later:
+                continue
+            self.calls[index] = (inplace_op, args, kwargs)
+            in_place.add(state)
+        return in_place
 
     def _decode(self, value: Any) -> Any:
         # Slot references become _Ref markers; everything else is materialised once.
@@ -98,6 +140,22 @@ class _Ref:
 
     def __init__(self, slot: int) -> None:
         self.slot = slot
+
+
+def _refs(value: Any) -> set[int]:
+    if isinstance(value, _Ref):
+        return {value.slot}
+    if isinstance(value, (list, tuple)):
+        return set().union(*(_refs(v) for v in value)) if value else set()
+    if isinstance(value, dict):
+        return set().union(*(_refs(v) for v in value.values())) if value else set()
+    return set()
+
+
+_IN_PLACE = {
+    "index_put.default": torch.ops.aten.index_put_.default,
+    "index_copy.default": torch.ops.aten.index_copy_.default,
+}
 
 
 def _has_ref(value: Any) -> bool:
@@ -154,6 +212,11 @@ class ReferenceHandle:
         self._outputs = tuple(_argument_getter(v) for v in program.outputs)
         self._num_inputs = program.num_inputs
         self._num_args = program.num_inputs + program.num_outputs
+        self._state_slots = tuple(program.state_slots)
+        # updates not done in place by the calls themselves: copied after the call
+        self._copy_updates = tuple(
+            (state, _argument_getter(value)) for state, value in program.state_updates if state not in program.in_place
+        )
 
     def execute(self, args: tuple[Any, ...]) -> None:
         if len(args) != self._num_args:
@@ -164,6 +227,10 @@ class ReferenceHandle:
         slots = self._slots
         for slot, index in self._program.user_slots:
             slots[slot] = args[index]
+        if self._state_slots:
+            session = current_session()
+            for slot, state in self._state_slots:
+                slots[slot] = session.tensor(state)
         # Runtime tensors never require grad, so no autograd state is recorded here.
         for call in self._calls:
             if call.kwargs:
@@ -173,8 +240,14 @@ class ReferenceHandle:
                 slots[call.slot] = call.op(*[get(slots) for get in call.args])
         for out, get in zip(args[self._num_inputs :], self._outputs):
             out.copy_(get(slots))
+        if self._copy_updates:
+            session = current_session()
+            for state, get in self._copy_updates:
+                session.tensor(state).copy_(get(slots))
         for slot, _ in self._program.user_slots:
             slots[slot] = None  # never hold runtime memory past the call
+        for slot, _ in self._state_slots:
+            slots[slot] = None
         for call in self._calls:
             slots[call.slot] = None
 

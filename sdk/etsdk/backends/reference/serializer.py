@@ -23,13 +23,12 @@ from torch.export.graph_signature import InputKind, OutputKind
 from etsdk.backends.reference.graph_format import EXTERNAL_DATA_SPEC, GRAPH_FEATURE, GRAPH_SECTION
 from etsdk.backends.reference.partitioner import aten_name
 from etsdk.blob import BlobWriter
+from etsdk.dtypes import dtype_name as _dtype_name
 from etsdk.errors import ExportError
+from etsdk.signature import DelegateSignature
 
 _CONSTANT_KINDS = {InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR}
 
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def _encode(value: Any, slots: dict[torch.fx.Node, int], where: str) -> Any:
@@ -62,6 +61,9 @@ def _constant_key(tensor: torch.Tensor) -> str:
 def preprocess(edge_program: torch.export.ExportedProgram, compile_specs: list[CompileSpec]) -> PreprocessResult:
     specs = {spec.key: bytes(spec.value) for spec in compile_specs}
     external = specs.get(EXTERNAL_DATA_SPEC, b"").decode() or None
+    delegate = DelegateSignature.from_edge_program(edge_program, compile_specs)
+    states = delegate.state_by_placeholder
+    state_of_fqn = {s.fqn: s.state for s in delegate.states}
     signature = edge_program.graph_signature
     input_specs = {spec.arg.name: spec for spec in signature.input_specs}
     store = NamedDataStore()
@@ -69,6 +71,7 @@ def preprocess(edge_program: torch.export.ExportedProgram, compile_specs: list[C
     inputs: list[dict[str, Any]] = []
     nodes: list[dict[str, Any]] = []
     outputs: list[Any] = []
+    state_updates: list[dict[str, Any]] = []
     user_index = 0
     for node in edge_program.graph.nodes:
         if node.op == "placeholder":
@@ -76,6 +79,9 @@ def preprocess(edge_program: torch.export.ExportedProgram, compile_specs: list[C
             if spec.kind == InputKind.USER_INPUT:
                 inputs.append({"kind": "user", "index": user_index})
                 user_index += 1
+            elif node.name in states:
+                # declared state: bound from the session at run time, never frozen as a constant
+                inputs.append({"kind": "state", "state": states[node.name].state})
             elif spec.kind in _CONSTANT_KINDS:
                 target = spec.target
                 tensor = (
@@ -112,14 +118,18 @@ def preprocess(edge_program: torch.export.ExportedProgram, compile_specs: list[C
             )
             slots[node] = len(slots)
         elif node.op == "output":
-            kinds = [spec.kind for spec in signature.output_specs]
-            if any(kind != OutputKind.USER_OUTPUT for kind in kinds):
-                raise ExportError(
-                    "reference backend: partitions that mutate state are not supported yet "
-                    f"(output kinds: {[k.name for k in kinds]})"
-                )
-            outputs = [_encode(v, slots, "output") for v in node.args[0]]
-    document = {"inputs": inputs, "nodes": nodes, "outputs": outputs}
+            for value, spec in zip(node.args[0], signature.output_specs):
+                encoded = _encode(value, slots, "output")
+                if spec.kind == OutputKind.USER_OUTPUT:
+                    outputs.append(encoded)
+                elif spec.kind == OutputKind.BUFFER_MUTATION and spec.target in state_of_fqn:
+                    state_updates.append({"state": state_of_fqn[spec.target], "value": encoded})
+                else:
+                    raise ExportError(
+                        f"reference backend: output '{spec.arg.name}' of kind {spec.kind.name} is not supported "
+                        "(mutated buffers must be declared as state)"
+                    )
+    document = {"inputs": inputs, "nodes": nodes, "outputs": outputs, "state_updates": state_updates}
     writer = BlobWriter(required_features=[GRAPH_FEATURE], producer="etsdk-reference")
     writer.add_section(GRAPH_SECTION, json.dumps(document, separators=(",", ":")).encode())
     return PreprocessResult(processed_bytes=writer.to_bytes(), data_store_output=store.get_named_data_store_output())

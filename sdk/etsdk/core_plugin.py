@@ -1,0 +1,24 @@
+"""The core's own registrations: the contract specifications shipped in ``etsdk/contracts``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from etsdk.hookspec import hookimpl
+from etsdk.registration import ContractSpec
+
+ETSDK_PLUGIN_API = ">=1,<2"
+
+CONTRACTS_DIR = Path(__file__).resolve().parent / "contracts"
+
+
+@hookimpl
+def etsdk_register_contracts() -> list[ContractSpec]:
+    return [
+        ContractSpec(
+            name="kv_decoder",
+            version=1,
+            path=CONTRACTS_DIR / "kv_decoder" / "1.json",
+            description="prefill / decode over per-layer caller-owned key/value caches, logits last",
+        )
+    ]

@@ -1,0 +1,20 @@
+"""Helpers for testing etsdk and etsdk plugins (ours and third parties').
+
+* :class:`PluginSite`: real plugin distributions on a temporary path, and etsdk
+  run in a subprocess that discovers them through real entry points.
+* :class:`ToyDecoder` / :func:`kv_decoder_methods`: a small attention decoder
+  with per-layer KV caches that follows the core's ``kv_decoder`` v1 contract,
+  for testing stateful backends against eager PyTorch.
+"""
+
+from etsdk.testing.plugins import PluginSite
+
+__all__ = ["PluginSite", "ToyDecoder", "kv_decoder_methods"]
+
+
+def __getattr__(name: str):  # torch-dependent helpers load lazily
+    if name in {"ToyDecoder", "kv_decoder_methods", "kv_decoder_contract"}:
+        from etsdk.testing import toy_decoder
+
+        return getattr(toy_decoder, name)
+    raise AttributeError(name)
