@@ -22,7 +22,6 @@ in memory.
 from __future__ import annotations
 
 import json
-import shutil
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ MINOR_VERSION = 0
 _FIXED = struct.Struct("<8sHHIQ")
 _MAX_HEADER = 16 << 20
 _MAX_ALIGNMENT = 1 << 16
+_STREAM_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,11 +131,12 @@ class BlobWriter:
         out.write(_FIXED.pack(BLOB_MAGIC, MAJOR_VERSION, MINOR_VERSION, len(header), total))
         out.write(header)
         position = _FIXED.size + len(header)
+        chunk: bytearray | None = None
         for section, (_, _, _, source) in zip(sections, self._sections):
             out.write(b"\0" * (section.offset - position))
             if isinstance(source, Path):
-                with source.open("rb") as f:
-                    shutil.copyfileobj(f, out, 8 << 20)
+                chunk = chunk if chunk is not None else bytearray(_STREAM_CHUNK)
+                _stream(source, out, chunk, section.length)
             else:
                 out.write(source)
             position = section.offset + section.length
@@ -147,6 +148,21 @@ class BlobWriter:
         buffer = io.BytesIO()
         self.write_to(buffer)
         return buffer.getvalue()
+
+
+def _stream(source: Path, out: BinaryIO, chunk: bytearray, length: int) -> None:
+    """Copy ``source`` through one reused buffer: memory stays at one chunk whatever the size."""
+    view = memoryview(chunk)
+    copied = 0
+    with source.open("rb") as f:
+        while True:
+            n = f.readinto(chunk)
+            if not n:
+                break
+            out.write(view[:n])
+            copied += n
+    if copied != length:
+        raise BlobFormatError(f"section file {source} changed size while writing: expected {length} bytes, read {copied}")
 
 
 class BlobReader:
@@ -244,7 +260,6 @@ def _typed(obj: dict, key: str, kind: type, default: object, *, where: str = "bl
 
 def _str_list(obj: dict, key: str) -> list[str]:
     value = _typed(obj, key, list, [])
-    assert isinstance(value, list)
-    if not all(isinstance(v, str) for v in value):
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise BlobFormatError(f"blob header: '{key}' must be a list of strings")
     return value

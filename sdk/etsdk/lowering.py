@@ -248,6 +248,14 @@ def lower(
     records = {}
     for name, source in methods.items():
         lowered_program = edge.exported_program(name)
+        # torch.export may keep in-place ops un-functionalised; after edge lowering
+        # every mutation left at the top level is visible here.
+        undeclared = sorted(set(lowered_program.graph_signature.buffers_to_mutate.values()) - set(source.state))
+        if undeclared:
+            raise ExportError(
+                f"method '{name}' mutates buffer(s) {', '.join(undeclared)} that are not declared as state; map each "
+                "to a state identity of a contract: MethodSource(state={fqn: identity})"
+            )
         left = sorted(set(source.state) & set(lowered_program.graph_signature.buffers))
         if left:
             raise ExportError(

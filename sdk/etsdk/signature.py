@@ -213,7 +213,7 @@ def state_map_from_compile_specs(compile_specs: Iterable[Any]) -> dict[str, str]
 def wrap_blob(payload: bytes, signature: DelegateSignature) -> tuple[bytes, DelegateSignature]:
     signature = signature.with_uid(payload)
     writer = BlobWriter(required_features=[DELEGATE_FEATURE], producer="etsdk")
-    writer.add_section(IO_SECTION, json.dumps(signature.to_json()).encode())
+    writer.add_section(IO_SECTION, json.dumps(signature.to_json(), separators=(",", ":")).encode())
     writer.add_section(PAYLOAD_SECTION, payload, alignment=64)
     return writer.to_bytes(), signature
 

@@ -67,9 +67,13 @@ class Session:
         try:
             return self._tensors[name]
         except KeyError:
-            raise StateError(
-                f"session has no caller-owned state '{name}' (declared: {', '.join(self._tensors) or 'none'})"
-            ) from None
+            pass
+        owned = {s.name: s.ownership for s in self._contract.states}
+        if owned.get(name) == Ownership.RUNTIME:
+            raise StateError(f"state '{name}' is runtime-owned: the backend keeps it (Session.runtime_owned)")
+        raise StateError(
+            f"session has no caller-owned state '{name}' (declared: {', '.join(self._tensors) or 'none'})"
+        )
 
     def runtime_owned(self, name: str, create: Callable[[], Any]) -> Any:
         """Runtime-owned storage for ``name`` in this session, created on first use."""

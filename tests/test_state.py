@@ -1,0 +1,195 @@
+"""Caller-owned state through the real runtime: pinned behaviour, not serialisation round trips."""
+
+from __future__ import annotations
+
+import copy
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+import etsdk
+from etsdk.backends.reference import BACKEND_ID
+from etsdk.state import Session, StateError, current_session
+from etsdk.testing.toy_decoder import ToyDecoder, kv_decoder_contract, kv_decoder_methods
+
+T = 4
+PROMPT = torch.tensor([[3, 5, 7, 9]])
+STEPS = [(torch.tensor([[t]]), torch.tensor([T + i])) for i, t in enumerate([1, 4, 2, 8, 6])]
+
+
+@pytest.fixture(scope="module")
+def model() -> ToyDecoder:
+    return ToyDecoder(seed=1).eval()
+
+
+@pytest.fixture(scope="module")
+def toy_pte(model: ToyDecoder, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("toy") / "toy.pte"
+    methods = kv_decoder_methods(model, T, prefill_backends=(BACKEND_ID,), decode_backends=(BACKEND_ID,))
+    etsdk.lower(methods, contract=kv_decoder_contract(model, T)).save(path)
+    return path
+
+
+@pytest.fixture
+def program(toy_pte: Path) -> etsdk.Program:
+    return etsdk.load(toy_pte)
+
+
+def _eager(model: ToyDecoder) -> ToyDecoder:
+    fresh = copy.deepcopy(model)
+    fresh.reset_caches()
+    return fresh
+
+
+def _generate(program: etsdk.Program, session: Session) -> list[torch.Tensor]:
+    outs = [program.run("prefill", PROMPT, torch.arange(T), session=session)[0]]
+    outs += [program.run("decode", tok, pos, session=session)[0] for tok, pos in STEPS]
+    return outs
+
+
+def test_program_carries_contract_and_state_leaves_the_engine(program: etsdk.Program) -> None:
+    assert program.contract is not None and program.contract.name == "kv_decoder"
+    assert {s.name for s in program.contract.states} == {"k0", "v0", "k1", "v1"}
+    # only tokens and positions go through the engine; caches are bound by the core
+    assert [t.shape for t in program.method_info("decode").inputs if t] == [(1, 1), (1,)]
+    assert [t.shape for t in program.method_info("decode").outputs if t] == [(1, 1, 32)]
+    for method in ("prefill", "decode"):
+        (delegate,) = program.record.methods[method]
+        assert [s.state for s in delegate.signature.states] == ["k0", "v0", "k1", "v1"]
+
+
+def test_caller_sees_mutation_in_place(program: etsdk.Program) -> None:
+    session = program.new_session()
+    pointers = {name: t.data_ptr() for name, t in session.state.items()}
+    assert all(bool((t == 0).all()) for t in session.state.values())
+    program.run("prefill", PROMPT, torch.arange(T), session=session)
+    k0 = session.state["k0"]
+    assert k0[:, :, :T].abs().sum() > 0  # the prefill rows were written
+    assert bool((k0[:, :, T:] == 0).all())  # nothing else was
+    tok, pos = STEPS[0]
+    program.run("decode", tok, pos, session=session)
+    assert k0[:, :, T].abs().sum() > 0
+    assert {name: t.data_ptr() for name, t in session.state.items()} == pointers
+
+
+def test_state_accumulates_over_steps_like_eager(program: etsdk.Program, model: ToyDecoder) -> None:
+    eager = _eager(model)
+    session = program.new_session()
+    got = _generate(program, session)
+    want = [eager(PROMPT, torch.arange(T))] + [eager(tok, pos) for tok, pos in STEPS]
+    assert len(got) >= 5
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+    for i in range(model.layers):
+        torch.testing.assert_close(session.state[f"k{i}"], getattr(eager, f"k_cache_{i}"), atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(session.state[f"v{i}"], getattr(eager, f"v_cache_{i}"), atol=1e-6, rtol=1e-6)
+
+
+def test_fresh_load_starts_from_initial_state_and_reset_restores_it(toy_pte: Path) -> None:
+    first = etsdk.load(toy_pte)
+    session = first.new_session()
+    baseline = _generate(first, session)
+    second = etsdk.load(toy_pte)  # a fresh load: nothing carried over from the first program
+    again = _generate(second, second.new_session())
+    for a, b in zip(baseline, again):
+        assert torch.equal(a, b)
+    pointer = session.state["k0"].data_ptr()
+    session.reset()
+    assert all(bool((t == 0).all()) for t in session.state.values())
+    assert session.state["k0"].data_ptr() == pointer
+    after_reset = _generate(first, session)
+    for a, b in zip(baseline, after_reset):
+        assert torch.equal(a, b)
+
+
+def test_default_session_is_used_without_one(program: etsdk.Program) -> None:
+    out = program.run("prefill", PROMPT, torch.arange(T))
+    assert program.default_session.state["k0"][:, :, :T].abs().sum() > 0
+    assert out[0].shape == (1, T, 32)
+
+
+def test_two_sessions_interleaved_equal_each_alone(program: etsdk.Program) -> None:
+    alone_a = _generate(program, program.new_session())
+    other_prompt = torch.tensor([[11, 2, 30, 4]])
+    b_alone_session = program.new_session()
+    alone_b = [program.run("prefill", other_prompt, torch.arange(T), session=b_alone_session)[0]]
+    alone_b += [program.run("decode", tok + 1, pos, session=b_alone_session)[0] for tok, pos in STEPS]
+    a, b = program.new_session(), program.new_session()
+    inter_a = [program.run("prefill", PROMPT, torch.arange(T), session=a)[0]]
+    inter_b = [program.run("prefill", other_prompt, torch.arange(T), session=b)[0]]
+    for tok, pos in STEPS:
+        inter_b.append(program.run("decode", tok + 1, pos, session=b)[0])
+        inter_a.append(program.run("decode", tok, pos, session=a)[0])
+    for x, y in zip(alone_a, inter_a):
+        assert torch.equal(x, y)
+    for x, y in zip(alone_b, inter_b):
+        assert torch.equal(x, y)
+    assert not torch.equal(inter_a[-1], inter_b[-1])
+
+
+def test_decode_reads_what_prefill_wrote(program: etsdk.Program) -> None:
+    tok, pos = STEPS[0]
+    after_prefill = program.new_session()
+    program.run("prefill", PROMPT, torch.arange(T), session=after_prefill)
+    with_prefill = program.run("decode", tok, pos, session=after_prefill)[0]
+    without_prefill = program.run("decode", tok, pos, session=program.new_session())[0]
+    assert (with_prefill - without_prefill).abs().max() > 1e-3
+
+
+def test_session_from_another_program_is_refused(toy_pte: Path) -> None:
+    a, b = etsdk.load(toy_pte), etsdk.load(toy_pte)
+    with pytest.raises(StateError, match="belongs to another program"):
+        a.run("prefill", PROMPT, torch.arange(T), session=b.new_session())
+
+
+def test_session_passed_explicitly_from_another_thread(program: etsdk.Program, model: ToyDecoder) -> None:
+    session = program.new_session()
+    results: list[torch.Tensor] = []
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            results.extend(_generate(program, session))
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    assert not errors
+    eager = _eager(model)
+    torch.testing.assert_close(results[0], eager(PROMPT, torch.arange(T)), atol=1e-5, rtol=1e-5)
+    with pytest.raises(StateError, match="no session is active on this thread"):
+        current_session()
+
+
+def test_runtime_owned_state_is_per_session_and_reset() -> None:
+    from etsdk.contract import Contract, MethodSpec, Ownership, Role, StateSpec
+
+    contract = Contract(
+        "rt",
+        1,
+        methods=(MethodSpec("step", (), ()),),
+        states=(StateSpec("pool", Role.USER, "float32", (2,), ownership=Ownership.RUNTIME),),
+    )
+    a, b = Session(contract), Session(contract)
+    pool_a = a.runtime_owned("pool", lambda: torch.zeros(2))
+    assert a.runtime_owned("pool", lambda: torch.ones(2)) is pool_a  # same identity, same storage
+    assert b.runtime_owned("pool", lambda: torch.ones(2)) is not pool_a  # never shared across sessions
+    a.reset()
+    assert a.runtime_owned("pool", lambda: torch.full((2,), 7.0))[0] == 7.0  # reset drops it
+    with pytest.raises(StateError, match="runtime-owned"):
+        a.tensor("pool")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised where CUDA is absent")
+def test_state_on_a_missing_device_is_refused() -> None:
+    from etsdk.contract import Contract, MethodSpec, Role, StateSpec
+
+    contract = Contract(
+        "dev", 1, methods=(MethodSpec("m", (), ()),), states=(StateSpec("k", Role.KV_CACHE_KEY, "float32", (2,), device="cuda"),)
+    )
+    with pytest.raises(StateError, match="must live on cuda, but no CUDA device is available"):
+        Session(contract)
