@@ -117,7 +117,7 @@ class SpyBinding(ReferenceBinding):
     records: dict[str, Any] = {}
 
     def init(self, context: Any) -> Any:
-        keys = context.named_data.keys()
+        keys = [k for k in context.named_data.keys() if k.startswith("etsdk_ref/")]  # this delegate's weights
         buffers = [context.named_data.get(k) for k in keys]
         self.records["named_data"] = [_mapping_of(_address(b)) for b in buffers]
         self.records["blob"] = _mapping_of(_address(context.blob))
