@@ -1,0 +1,36 @@
+"""The runnable examples in the README and the user guide run, and the main job works."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _python_blocks(path: Path) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S)
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/index.md"])
+def test_python_examples_run(doc: str, tmp_path: Path) -> None:
+    blocks = _python_blocks(ROOT / doc)
+    assert blocks, f"{doc} has no python example"
+    for block in blocks[:1]:
+        result = subprocess.run([sys.executable, "-c", block], cwd=tmp_path, capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_demo_main_job(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ETSDK_") or k == "ETSDK_CACHE_DIR"}
+    result = subprocess.run(
+        [sys.executable, "-m", "etsdk", "demo", "--out-dir", str(tmp_path)], capture_output=True, text=True, env=env
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "matches eager PyTorch" in result.stdout
+    assert (tmp_path / "mlp.pte").is_file() and (tmp_path / "weights.ptd").is_file()
