@@ -31,11 +31,9 @@ import types
 from pathlib import Path
 from typing import Any
 
-import torch
-
 import etsdk
+import torch
 from etsdk.backends.reference import BACKEND_ID
-
 
 CHAIN = 32
 

@@ -29,9 +29,8 @@ import types
 from pathlib import Path
 from typing import Any
 
-import torch
-
 import etsdk
+import torch
 from etsdk.backends.reference import BACKEND_ID
 from etsdk.lowering import MethodSource
 

@@ -8,13 +8,12 @@ import struct
 import tracemalloc
 from pathlib import Path
 
-import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
 import etsdk.blob as blob_module
+import pytest
 from etsdk.blob import BLOB_MAGIC, BlobReader, BlobWriter
 from etsdk.errors import BlobFormatError, EtsdkError, UnsupportedFeatureError
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 
 def _blob(**kwargs: object) -> bytes:

@@ -7,15 +7,15 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import etsdk
 import numpy as np
 import pytest
 import torch
-
-import etsdk
 from etsdk.backends.reference import BACKEND_ID
 from etsdk.backends.reference.runtime import ReferenceBinding
 from etsdk.bridge import runtime_backend_names
 from etsdk.testing import PluginSite
+
 from tests.backends import RaisingBinding, make_backend_plugin
 
 
@@ -224,7 +224,7 @@ def test_registry_slots_running_out_is_a_clear_error(site: PluginSite) -> None:
         """
     )
     assert result.returncode == 0, result.stderr
-    line = next(l for l in result.stdout.splitlines() if l.startswith("FULL"))
+    line = next(text for text in result.stdout.splitlines() if text.startswith("FULL"))
     assert "could not register backend id 'EtsdkFiller" in line
     assert "fixed number of slots" in line
 

@@ -6,18 +6,16 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
-import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
 import etsdk
+import pytest
 from etsdk.backends.reference import BACKEND_ID
 from etsdk.contract import AliasKind, Contract, ContractError, Ownership
 from etsdk.core_plugin import CONTRACTS_DIR
 from etsdk.errors import EtsdkError, UnsupportedFeatureError
 from etsdk.signature import ProgramRecord
 from etsdk.testing.toy_decoder import ToyDecoder, kv_decoder_contract, kv_decoder_methods
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 SPEC_PATH = CONTRACTS_DIR / "kv_decoder" / "1.json"
 SIZES = {"T": 4, "S": 16, "H": 2, "D": 8, "V": 32, "L": 2}

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import etsdk
 import pytest
 import torch
-
-import etsdk
 from etsdk.backends.reference import BACKEND_ID
 from etsdk.lowering import MethodSource
 from etsdk.testing.toy_decoder import ToyDecoder, kv_decoder_contract, kv_decoder_methods

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import etsdk
 import pytest
 import torch
-
-import etsdk
 from etsdk.backends.reference import BACKEND_ID
 
 
@@ -20,10 +19,9 @@ EXAMPLE = (torch.randn(2, 8), torch.randn(2, 8))
 
 
 def _edge() -> object:
-    from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
-
     from etsdk.backends.reference.partitioner import ReferencePartitioner
     from etsdk.lowering import backend_details_class
+    from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
 
     backend_details_class(BACKEND_ID)
     exported = torch.export.export(TwoInputs(), EXAMPLE)

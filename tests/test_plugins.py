@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from etsdk.testing import PluginSite
+
 from tests.conftest import plugins_json
 
 GOOD = """

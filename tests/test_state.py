@@ -6,10 +6,9 @@ import copy
 import threading
 from pathlib import Path
 
+import etsdk
 import pytest
 import torch
-
-import etsdk
 from etsdk.backends.reference import BACKEND_ID
 from etsdk.state import Session, StateError, current_session
 from etsdk.testing.toy_decoder import ToyDecoder, kv_decoder_contract, kv_decoder_methods

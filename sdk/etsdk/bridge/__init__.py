@@ -82,11 +82,11 @@ class NamedData:
 
 
 def _frombuffer_readonly(buf: memoryview, dtype: Any) -> Any:
-    import torch
-
     # torch.frombuffer warns once per process about non-writable buffers; the
     # tensors are read-only by contract (weights), so the warning says nothing new.
     import warnings
+
+    import torch
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The given buffer is not writable")

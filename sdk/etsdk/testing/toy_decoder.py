@@ -60,7 +60,7 @@ class ToyDecoder(torch.nn.Module):
         return out
 
     def reset_caches(self) -> None:
-        for name, buffer in self.named_buffers():
+        for buffer in self.buffers():
             buffer.zero_()
 
 

@@ -16,7 +16,6 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 from etsdk.backends.reference import BACKEND_ID
 from etsdk.backends.reference.graph_format import EXTERNAL_DATA_SPEC
 
-
 #: Operator namespaces the reference runtime can call: aten, and ExecuTorch's
 #: dim-order variants of clone / to_copy that edge lowering inserts.
 NAMESPACES = frozenset({"aten", "dim_order_ops"})
