@@ -1,18 +1,56 @@
-"""Registration of etsdk-aoti.
-
-This release is a registration shell: it installs, is discovered through the
-``etsdk.plugins`` entry point and registers nothing yet. Its backend (partitioner,
-serializer, runtime binding) lands with the AOTInductor issue.
-"""
+"""Registration of etsdk-aoti (imports nothing heavy)."""
 
 from __future__ import annotations
 
+import importlib.util
+import shutil
+from typing import Any
+
 from etsdk import hookimpl
-from etsdk.registration import BackendSpec
+from etsdk.registration import Availability, BackendSpec, Capability
+
+from etsdk_aoti import BACKEND_ID
 
 ETSDK_PLUGIN_API = ">=1,<2"
 
 
+def _partitioner(**options: Any) -> Any:
+    from etsdk_aoti.partitioner import AotiPartitioner
+
+    return AotiPartitioner(**options)
+
+
+def _preprocess(edge_program: Any, compile_specs: Any) -> Any:
+    from etsdk_aoti.serializer import preprocess
+
+    return preprocess(edge_program, compile_specs)
+
+
+def _runtime() -> Any:
+    from etsdk_aoti.runtime import AotiBinding
+
+    return AotiBinding()
+
+
+def _probe() -> Availability:
+    if importlib.util.find_spec("torch") is None:
+        return Availability.unavailable("torch is not installed")
+    if not any(shutil.which(c) for c in ("c++", "g++", "clang++")):
+        return Availability.unavailable("no C++ compiler found: AOTInductor needs one to compile (apt-get install g++)")
+    return Availability.ok()
+
+
 @hookimpl
 def etsdk_register_backends() -> list[BackendSpec]:
-    return []
+    return [
+        BackendSpec(
+            id=BACKEND_ID,
+            version="0.1.0",
+            partitioner=_partitioner,
+            preprocess=_preprocess,
+            runtime=_runtime,
+            capabilities=frozenset({Capability.CPU, Capability.CUDA, Capability.CALLER_OWNED_STATE, Capability.NAMED_DATA}),
+            probe=_probe,
+            description="AOTInductor-compiled partitions run through the model-container C API (cpu or cuda)",
+        )
+    ]

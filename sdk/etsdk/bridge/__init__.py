@@ -39,6 +39,7 @@ __all__ = [
     "RuntimeBinding",
     "ensure_registered",
     "pop_delegate_error",
+    "readonly_tensor",
 ]
 
 
@@ -78,19 +79,33 @@ class NamedData:
             )
         if expected == 0:
             return torch.empty(shape, dtype=dtype)
-        return _frombuffer_readonly(buf, dtype).view(shape)
+        return readonly_tensor(buf, dtype).view(shape)
 
 
-def _frombuffer_readonly(buf: memoryview, dtype: Any) -> Any:
-    # torch.frombuffer warns once per process about non-writable buffers; the
-    # tensors are read-only by contract (weights), so the warning says nothing new.
-    import warnings
+_readonly_lock = threading.Lock()
+_readonly_warned = False
 
+
+def readonly_tensor(buffer: memoryview, dtype: Any) -> Any:
+    """A flat torch tensor over a read-only buffer (mapped weights), without a copy.
+
+    torch warns once per process that the buffer is not writable; these tensors
+    are read-only by contract, so the first call silences that one warning under
+    a lock (``warnings`` filters are process-wide) and later calls touch nothing.
+    """
     import torch
 
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The given buffer is not writable")
-        return torch.frombuffer(buf, dtype=dtype)
+    global _readonly_warned
+    if _readonly_warned:
+        return torch.frombuffer(buffer, dtype=dtype)
+    import warnings
+
+    with _readonly_lock:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The given buffer is not writable")
+            tensor = torch.frombuffer(buffer, dtype=dtype)
+        _readonly_warned = True
+    return tensor
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,61 @@
+"""Claims every operator no earlier partitioner took, as convex partitions for AOTInductor.
+
+Declared state is tagged into the delegate by the core (it wraps every plugin
+partitioner); this partitioner only tags operators and the constants they use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from executorch.exir.backend.compile_spec_schema import CompileSpec
+from executorch.exir.backend.partitioner import DelegationSpec, Partitioner, PartitionResult
+from executorch.exir.backend.utils import get_non_lowered_nodes, tag_constant_data
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+from torch.fx.passes.operator_support import OperatorSupportBase
+
+from etsdk_aoti import BACKEND_ID
+
+DEVICE_SPEC = "device"
+EXTERNAL_DATA_SPEC = "external_data"
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class _Unclaimed(OperatorSupportBase):
+    def __init__(self, candidates: set[torch.fx.Node]) -> None:
+        self.candidates = candidates
+
+    def is_node_supported(self, submodules: Any, node: torch.fx.Node) -> bool:
+        return node.op == "call_function" and node in self.candidates
+
+
+class AotiPartitioner(Partitioner):
+    """``device``: ``"cpu"`` or ``"cuda"`` (default: cuda when available). ``external_data``:
+    put the weights in ``<external_data>.ptd`` instead of the ``.pte``."""
+
+    def __init__(self, device: str | None = None, external_data: str | None = None) -> None:
+        self.device = device or default_device()
+        if self.device not in {"cpu", "cuda"} and not self.device.startswith("cuda:"):
+            raise ValueError(f"etsdk-aoti compiles for 'cpu' or 'cuda', got device {self.device!r}")
+        specs = [CompileSpec(DEVICE_SPEC, self.device.encode())]
+        if external_data:
+            specs.append(CompileSpec(EXTERNAL_DATA_SPEC, external_data.encode()))
+        self.delegation_spec = DelegationSpec(BACKEND_ID, specs)
+
+    def partition(self, exported_program: torch.export.ExportedProgram) -> PartitionResult:
+        candidates = set(get_non_lowered_nodes(exported_program.graph))
+        partitioner = CapabilityBasedPartitioner(
+            exported_program.graph_module, _Unclaimed(candidates), allows_single_node_partition=True
+        )
+        tags: dict[str, DelegationSpec] = {}
+        for partition in partitioner.propose_partitions():
+            tag = f"{BACKEND_ID}_{partition.id}"
+            tags[tag] = self.delegation_spec
+            for node in partition.nodes:
+                node.meta["delegation_tag"] = tag
+        tag_constant_data(exported_program)
+        return PartitionResult(tagged_exported_program=exported_program, partition_tags=tags)

@@ -1,0 +1,194 @@
+"""The etsdk-aoti runtime binding: load the library, bind weights and state, run.
+
+``init`` checks everything before anything can run: the blob's features, the
+container's constants against the recorded descriptions (name, FQN, folded,
+dtype, size), the weights entry's size, each bound tensor's dtype and shape,
+and the completeness rule: folded constants, buffers, tensor constants and
+empty parameters may be absent from the weights (absent ones are bound to
+zero-filled storage, since a constant left unbound crashes ``Run``); any other
+missing constant fails the load, named. Weights are bound user-managed: on CPU
+each constant is a zero-copy view of the mapped ``.pte`` / ``.ptd`` with its
+own exact-size storage; on CUDA each is copied to the device once.
+
+State constants are bound to the current session's storage before a call
+whenever the session differs from the last one bound, so the compiled code
+updates the caller's cache in place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from etsdk.blob import BlobReader
+from etsdk.bridge import InitContext
+from etsdk.bridge.build import cache_dir
+from etsdk.dtypes import dtype_name, torch_dtype
+from etsdk.errors import BackendUnavailableError, BlobFormatError, ProgramError
+from etsdk.state import current_session
+from etsdk_aoti import BACKEND_ID, BLOB_FEATURE, weights
+from etsdk_aoti.library import ConstantKind, Library
+
+_MAY_BE_ABSENT = {ConstantKind.BUFFER.value, ConstantKind.TENSOR_CONSTANT.value, ConstantKind.FOLDED.value}
+
+
+def _library_file(data: memoryview) -> Path:
+    """The compiled library on disk (dlopen needs a file), cached by content."""
+    digest = hashlib.sha256(data).hexdigest()[:32]
+    path = cache_dir() / "aoti" / f"{digest}.so"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".so")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    return path
+
+
+def _json(reader: BlobReader, name: str) -> Any:
+    try:
+        return json.loads(bytes(reader.section(name)).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BlobFormatError(f"etsdk-aoti blob section '{name}' is not valid JSON: {exc}") from None
+
+
+class AotiHandle:
+    def __init__(self, library: Library, num_inputs: int, states: list[tuple[str, str, tuple[int, ...], str]], device: str) -> None:
+        self._library = library
+        self._num_inputs = num_inputs
+        self._states = states  # (constant name, state identity, shape, dtype)
+        self._bound_session: Any = None
+        self._device = device
+        self._cuda = device.startswith("cuda")
+
+    def _bind_state(self) -> None:
+        session = current_session()
+        if session is self._bound_session:
+            return
+        pairs = []
+        for name, identity, shape, dtype in self._states:
+            tensor = session.tensor(identity)
+            found = (dtype_name(tensor.dtype), tuple(tensor.shape), tensor.device.type)
+            wanted_device = "cuda" if self._cuda else "cpu"
+            if found != (dtype, shape, wanted_device) or not tensor.is_contiguous():
+                raise ProgramError(
+                    f"state '{identity}' is {found[0]} {list(found[1])} on {found[2]}; the compiled library binds it as "
+                    f"{dtype} {list(shape)} on {wanted_device} (contiguous)"
+                )
+            pairs.append((name, tensor))
+        self._library.bind_user_managed(pairs)
+        self._bound_session = session
+
+    def execute(self, args: tuple[Any, ...]) -> None:
+        if self._states:
+            self._bind_state()
+        inputs = args[: self._num_inputs]
+        if self._cuda:
+            inputs = [t.to(self._device, non_blocking=True) for t in inputs]
+            results = self._library.run(inputs, torch.cuda.current_stream().cuda_stream)
+        else:
+            results = self._library.run(inputs)
+        for out, result in zip(args[self._num_inputs :], results):
+            out.copy_(result)
+
+    def destroy(self) -> None:
+        self._library.close()
+
+
+class AotiBinding:
+    """Runtime binding of etsdk-aoti."""
+
+    def init(self, context: InitContext) -> AotiHandle:
+        reader = BlobReader(context.blob, known_features={BLOB_FEATURE})
+        config = _json(reader, "config")
+        records = _json(reader, "constants")
+        if not isinstance(config, dict) or not isinstance(records, list):
+            raise BlobFormatError("etsdk-aoti blob: 'config' must be an object and 'constants' a list")
+        device = str(config.get("device", "cpu"))
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise BackendUnavailableError(
+                f"this program was compiled by etsdk-aoti for {device}, but no CUDA device is available",
+                backend_id=BACKEND_ID,
+            )
+        library = Library(_library_file(reader.section("library")), device)
+        try:
+            handle = self._bind(library, config, records, context, device)
+        except BaseException:
+            library.close()
+            raise
+        return handle
+
+    def _bind(self, library: Library, config: dict[str, Any], records: list[Any], context: InitContext, device: str) -> AotiHandle:
+        actual = library.constants()
+        if len(actual) != len(records):
+            raise BlobFormatError(
+                f"the compiled library has {len(actual)} constants, the blob describes {len(records)}"
+            )
+        for have, want in zip(actual, records):
+            found = (have.name, have.fqn, have.folded, have.dtype_code, have.nbytes)
+            expected = (want.get("name"), want.get("fqn"), want.get("folded"), want.get("dtype_code"), want.get("nbytes"))
+            if found != expected:
+                raise BlobFormatError(f"constant {have.index}: the library reports {found}, the blob describes {expected}")
+        buffer = None
+        if config.get("weights_key"):
+            buffer = context.named_data.get(str(config["weights_key"]))
+            if buffer.nbytes != config.get("weights_bytes"):
+                raise ProgramError(
+                    f"etsdk-aoti weights '{config['weights_key']}' are {buffer.nbytes} bytes, expected "
+                    f"{config.get('weights_bytes')} (truncated or from another export)"
+                )
+        pairs: list[tuple[str, Any]] = []
+        states: list[tuple[str, str, tuple[int, ...], str]] = []
+        missing: list[str] = []
+        for record in records:
+            source = record.get("source")
+            name = str(record["name"])
+            if source == "folded":
+                continue
+            if source == "state":
+                states.append((name, str(record["state"]), tuple(record["shape"]), str(record["dtype"])))
+            elif source == "weights":
+                if buffer is None:
+                    raise BlobFormatError(f"constant '{name}' lives in the weights, but the blob names no weights entry")
+                slot = weights.Slot(name, int(record["offset"]), int(record["nbytes"]))
+                dtype = getattr(torch, str(record["dtype"]))
+                if torch_dtype(int(record["dtype_code"])) != dtype:
+                    raise BlobFormatError(
+                        f"constant '{name}': the container's dtype is {torch_dtype(int(record['dtype_code']))}, the "
+                        f"description says {dtype}"
+                    )
+                try:
+                    tensor = weights.read(buffer, slot, dtype, record["shape"], record["stride"])
+                except ValueError as exc:
+                    raise ProgramError(f"etsdk-aoti weights: {exc}") from None
+                if tensor.numel() * tensor.element_size() != record["nbytes"]:
+                    raise BlobFormatError(
+                        f"constant '{name}': {dtype} {record['shape']} is {tensor.numel() * tensor.element_size()} "
+                        f"bytes, the container expects {record['nbytes']}"
+                    )
+                pairs.append((name, tensor.to(device) if device != "cpu" else tensor))
+            elif source == "absent":
+                empty_parameter = record.get("kind") == ConstantKind.PARAMETER.value and record["nbytes"] == 0
+                if record.get("kind") not in _MAY_BE_ABSENT and not empty_parameter:
+                    missing.append(f"{name} ({record.get('fqn')}, {record.get('kind')})")
+                    continue
+                dtype = torch_dtype(int(record["dtype_code"]))
+                count = int(record["nbytes"]) // max(torch.empty((), dtype=dtype).element_size(), 1)
+                pairs.append((name, torch.zeros(count, dtype=dtype, device=device)))
+            else:
+                raise BlobFormatError(f"constant '{name}' has unknown source {source!r}")
+        if missing:
+            raise ProgramError(
+                f"etsdk-aoti: {len(missing)} constant(s) missing from the weights: {', '.join(missing)} "
+                "(only folded constants, buffers, tensor constants and empty parameters may be absent)"
+            )
+        library.bind_user_managed(pairs)
+        if any(r.get("source") == "folded" for r in records):
+            library.run_constant_folding()
+        return AotiHandle(library, int(config["num_inputs"]), states, device)

@@ -1,0 +1,173 @@
+"""Preprocess: compile a partition with AOTInductor; blob = library + constant descriptions; weights streamed.
+
+The blob (etsdk container, feature ``aoti.container.v1``) holds three sections:
+
+* ``library``: the compiled ``.so``, streamed from Inductor's output file;
+* ``constants``: every constant the *container* reports, in its order: name,
+  original FQN, kind, folded or not, dtype, shape, stride, size, and where its
+  data comes from (``weights``: a slot of the weights entry; ``state``: a
+  session's storage, bound per call; ``absent``; ``folded``);
+* ``config``: device, input / output counts, the weights' named-data key and size.
+
+Weights never enter the blob: they are written tensor by tensor to a file in
+the layout of :mod:`etsdk_aoti.weights` and handed to ExecuTorch's named data
+as a file-backed entry, so no model-sized bytes object exists during export.
+Compilation uses Inductor options only (no patching of torch or executorch).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import weakref
+from pathlib import Path
+from typing import Any
+
+import torch
+from executorch.exir._serialize._cord import FileBackedData
+from executorch.exir._serialize._named_data_store import NamedDataStore
+from executorch.exir.backend.backend_details import PreprocessResult
+from executorch.exir.backend.compile_spec_schema import CompileSpec
+
+from etsdk.blob import BlobWriter
+from etsdk.dtypes import dtype_name
+from etsdk.errors import ExportError
+from etsdk.signature import DelegateSignature
+from etsdk_aoti import BLOB_FEATURE, weights
+from etsdk_aoti.library import ConstantKind, Library
+from etsdk_aoti.partitioner import DEVICE_SPEC, EXTERNAL_DATA_SPEC
+
+INDUCTOR_OPTIONS = {
+    "aot_inductor.package": True,
+    "aot_inductor.package_constants_in_so": False,
+    "aot_inductor.package_constants_on_disk_format": "pickle_weights",
+    "max_autotune": False,
+}
+
+
+def _find_tensor(edge_program: Any, produced: dict[str, Any], fqn: str) -> Any:
+    if fqn in produced:
+        entry = produced[fqn]
+        return entry[0] if isinstance(entry, tuple) else entry
+    if fqn in edge_program.state_dict:
+        return edge_program.state_dict[fqn]
+    return edge_program.constants.get(fqn)
+
+
+def compile_partition(edge_program: Any, device: str, workdir: Path) -> tuple[Path, dict[str, Any]]:
+    """AOTInductor-compile the partition; returns the library path and the weights Inductor kept aside."""
+    from executorch.backends.aoti.passes.replace_view_copy_with_view import ReplaceViewCopyWithViewPass
+    from torch.export.passes import move_to_device_pass
+
+    program = move_to_device_pass(edge_program, device) if device != "cpu" else edge_program
+    ReplaceViewCopyWithViewPass()(program.graph_module)
+    user_inputs = set(program.graph_signature.user_inputs)
+    example = tuple(n.meta["val"] for n in program.graph.nodes if n.op == "placeholder" and n.name in user_inputs)
+    options = dict(INDUCTOR_OPTIONS, **{"aot_inductor.output_path": str(workdir)})
+    with torch.no_grad():
+        outputs = torch._inductor.aot_compile(program.module(), example, options=options)
+    produced = outputs if isinstance(outputs, list) else [outputs]
+    libraries = [Path(p) for p in produced if isinstance(p, (str, Path)) and str(p).endswith(".so")]
+    tensors = next((p for p in produced if hasattr(p, "items") and not isinstance(p, (str, Path))), {})
+    if len(libraries) != 1:
+        listing = ", ".join(str(p) if isinstance(p, (str, Path)) else type(p).__name__ for p in produced)
+        raise ExportError(
+            f"AOTInductor produced {len(libraries)} compiled libraries (expected exactly one .so); it produced: {listing}"
+        )
+    return libraries[0], dict(tensors.items())
+
+
+def describe_constants(
+    library: Library, edge_program: Any, produced: dict[str, Any], signature: DelegateSignature
+) -> tuple[list[dict[str, Any]], list[Any]]:
+    """One record per container constant; plus the tensors to write, in slot order."""
+    states = signature.state_by_fqn
+    records: list[dict[str, Any]] = []
+    tensors: list[Any] = []
+    for constant in library.constants():
+        record: dict[str, Any] = {
+            "name": constant.name,
+            "fqn": constant.fqn,
+            "kind": constant.kind.value,
+            "folded": constant.folded,
+            "dtype_code": constant.dtype_code,
+            "nbytes": constant.nbytes,
+        }
+        tensor = _find_tensor(edge_program, produced, constant.fqn)
+        if constant.folded or constant.kind is ConstantKind.FOLDED:
+            record["source"] = "folded"
+        elif constant.fqn in states:
+            state = states[constant.fqn]
+            record.update(source="state", state=state.state, dtype=state.dtype, shape=list(state.shape))
+        elif tensor is None:
+            record["source"] = "absent"
+        else:
+            tensor = tensor.detach()
+            nbytes = tensor.numel() * tensor.element_size()
+            if nbytes != constant.nbytes:
+                raise ExportError(
+                    f"constant '{constant.name}' ({constant.fqn}): the container expects {constant.nbytes} bytes, "
+                    f"the tensor has {nbytes}"
+                )
+            record.update(
+                source="weights",
+                dtype=dtype_name(tensor.dtype),
+                shape=list(tensor.shape),
+                stride=list(tensor.contiguous().stride()),
+            )
+            tensors.append(tensor)
+        records.append(record)
+    return records, tensors
+
+
+def preprocess(edge_program: Any, compile_specs: list[CompileSpec]) -> PreprocessResult:
+    specs = {spec.key: bytes(spec.value).decode() for spec in compile_specs if spec.key in (DEVICE_SPEC, EXTERNAL_DATA_SPEC)}
+    device = specs.get(DEVICE_SPEC, "cpu")
+    external = specs.get(EXTERNAL_DATA_SPEC)
+    signature = DelegateSignature.from_edge_program(edge_program, compile_specs)
+    workdir = Path(tempfile.mkdtemp(prefix="etsdk-aoti-"))
+    library_path, produced = compile_partition(edge_program, device, workdir)
+    # The constants' metadata is read from a container on the compile device: the
+    # blob is written from what the container says, not from the state dict.
+    library = Library(library_path, device)
+    records, tensors = describe_constants(library, edge_program, produced, signature)
+    num_inputs, num_outputs = library.num_inputs, library.num_outputs
+    library.close()
+    del produced
+    slots, total = weights.layout([(r["name"], r["nbytes"]) for r in records if r["source"] == "weights"], device)
+    for record in records:
+        for slot in slots:
+            if slot.name == record["name"]:
+                record["offset"] = slot.offset
+    store = NamedDataStore()
+    weights_key = None
+    if slots:
+        weights_path = workdir / "weights.bin"
+        digest = weights.write_file(weights_path, slots, tensors)
+        weights_key = f"etsdk_aoti/{digest[:32]}"
+        data = FileBackedData(str(weights_path), cleanup=True, sha256=bytes.fromhex(digest))
+        store.add_named_data(weights_key, data, alignment=64, external_tag=external)
+        weakref.finalize(data, shutil.rmtree, workdir, True)  # the file lives until the program is written
+    del tensors
+    config = {
+        "device": device,
+        "num_inputs": num_inputs,
+        "num_outputs": num_outputs,
+        "weights_key": weights_key,
+        "weights_bytes": total,
+    }
+    if num_inputs != len(signature.inputs) or num_outputs != len(signature.outputs):
+        raise ExportError(
+            f"the compiled library takes {num_inputs} inputs and returns {num_outputs} outputs, the delegate binds "
+            f"{len(signature.inputs)} and {len(signature.outputs)}"
+        )
+    writer = BlobWriter(required_features=[BLOB_FEATURE], producer="etsdk-aoti")
+    writer.add_section("config", json.dumps(config).encode())
+    writer.add_section("constants", json.dumps(records).encode())
+    writer.add_file_section("library", library_path, alignment=4096)
+    blob = writer.to_bytes()
+    library_path.unlink(missing_ok=True)
+    if weights_key is None:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return PreprocessResult(processed_bytes=blob, data_store_output=store.get_named_data_store_output())
