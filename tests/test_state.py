@@ -1,4 +1,8 @@
-"""Caller-owned state through the real runtime: pinned behaviour, not serialisation round trips."""
+"""Caller-owned state through the real runtime: pinned behaviour, not serialisation round trips.
+
+Every test runs for each stateful backend installed here: the core's reference
+backend and etsdk-aoti (AOTInductor on CPU; one compile per backend, shared).
+"""
 
 from __future__ import annotations
 
@@ -23,11 +27,17 @@ def model() -> ToyDecoder:
     return ToyDecoder(seed=1).eval()
 
 
-@pytest.fixture(scope="module")
-def toy_pte(model: ToyDecoder, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("toy") / "toy.pte"
-    methods = kv_decoder_methods(model, T, prefill_backends=(BACKEND_ID,), decode_backends=(BACKEND_ID,))
+STATEFUL_BACKENDS = [BACKEND_ID, "EtsdkAotiBackend"]
+
+
+@pytest.fixture(scope="module", params=STATEFUL_BACKENDS)
+def toy_pte(request: pytest.FixtureRequest, model: ToyDecoder, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    backend = request.param
+    path = tmp_path_factory.mktemp(f"toy-{backend}") / "toy.pte"
+    methods = kv_decoder_methods(model, T, prefill_backends=(backend,), decode_backends=(backend,))
     etsdk.lower(methods, contract=kv_decoder_contract(model, T)).save(path)
+    program = etsdk.load(path)
+    assert set(program.delegates("decode")) == {backend}
     return path
 
 

@@ -33,6 +33,7 @@ __all__ = ["Lowered", "MethodSource", "lower"]
 
 _details_lock = threading.Lock()
 _details_classes: dict[str, type] = {}
+_progress_state = threading.local()  # (quiet, started) of the lower() call running on this thread
 
 
 def backend_details_class(backend_id: str) -> type:
@@ -55,6 +56,9 @@ def backend_details_class(backend_id: str) -> type:
             from etsdk.signature import DelegateSignature, wrap_blob
 
             signature = DelegateSignature.from_edge_program(edge_program, compile_specs)
+            quiet, started = getattr(_progress_state, "value", (True, 0.0))
+            nodes = sum(1 for n in edge_program.graph.nodes if n.op == "call_function")
+            _progress(f"compiling a {nodes}-operator partition with {backend_id}", quiet, started)
             result = get_backend(backend_id).preprocess(edge_program, compile_specs)
             if not isinstance(result, PreprocessResult):
                 raise ExportError(
@@ -153,6 +157,7 @@ class Lowered:
     """An ExecuTorch program ready to be written."""
 
     manager: Any  # ExecutorchProgramManager
+    quiet: bool = True
 
     @property
     def methods(self) -> tuple[str, ...]:
@@ -169,12 +174,16 @@ class Lowered:
         """Write the ``.pte`` and every ``.ptd`` beside it; returns the paths written."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
+        started = time.perf_counter()
+        _progress(f"writing {path}", self.quiet, started)
         with path.open("wb") as f:
             self.manager.write_to_file(f)
         written = [path]
         if self.data_files:
+            _progress(f"writing {', '.join(n + '.ptd' for n in self.data_files)}", self.quiet, started)
             self.manager.write_tensor_data_to_file(str(path.parent))
             written += [path.parent / f"{name}.ptd" for name in self.data_files]
+        _progress("written", self.quiet, started)
         return written
 
 
@@ -238,12 +247,16 @@ def lower(
         if missing:
             raise ExportError(f"contract '{contract.name}' needs method(s) {', '.join(missing)} that were not given")
     _progress("lowering to edge and partitioning", quiet, started)
-    edge = to_edge_transform_and_lower(
-        exported,
-        partitioner=partitioners,
-        transform_passes=passes or None,
-        compile_config=EdgeCompileConfig(_check_ir_validity=False),
-    )
+    _progress_state.value = (quiet, started)
+    try:
+        edge = to_edge_transform_and_lower(
+            exported,
+            partitioner=partitioners,
+            transform_passes=passes or None,
+            compile_config=EdgeCompileConfig(_check_ir_validity=False),
+        )
+    finally:
+        _progress_state.value = (True, 0.0)
     _progress("checking binding order and state placement", quiet, started)
     records = {}
     for name, source in methods.items():
@@ -275,8 +288,8 @@ def lower(
     store.add_named_data(PROGRAM_RECORD_KEY, record.to_bytes())
     _progress("emitting the ExecuTorch program", quiet, started)
     manager = edge.to_executorch(ExecutorchBackendConfig(extract_delegate_segments=True))
-    _progress("done", quiet, started)
-    return Lowered(manager)
+    _progress("ready to write", quiet, started)
+    return Lowered(manager, quiet=quiet)
 
 
 def _version() -> str:

@@ -25,13 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
 from etsdk.blob import BlobReader
 from etsdk.bridge import InitContext
 from etsdk.bridge.build import cache_dir
 from etsdk.dtypes import dtype_name, torch_dtype
 from etsdk.errors import BackendUnavailableError, BlobFormatError, ProgramError
 from etsdk.state import current_session
+
 from etsdk_aoti import BACKEND_ID, BLOB_FEATURE, weights
 from etsdk_aoti.library import ConstantKind, Library
 

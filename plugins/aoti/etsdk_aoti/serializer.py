@@ -25,15 +25,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from etsdk.blob import BlobWriter
+from etsdk.dtypes import dtype_name
+from etsdk.errors import ExportError
+from etsdk.signature import DelegateSignature
 from executorch.exir._serialize._cord import FileBackedData
 from executorch.exir._serialize._named_data_store import NamedDataStore
 from executorch.exir.backend.backend_details import PreprocessResult
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 
-from etsdk.blob import BlobWriter
-from etsdk.dtypes import dtype_name
-from etsdk.errors import ExportError
-from etsdk.signature import DelegateSignature
 from etsdk_aoti import BLOB_FEATURE, weights
 from etsdk_aoti.library import ConstantKind, Library
 from etsdk_aoti.partitioner import DEVICE_SPEC, EXTERNAL_DATA_SPEC

@@ -1,0 +1,229 @@
+"""etsdk-aoti on CPU: real AOTInductor compiles, the real ExecuTorch runtime, through the bridge.
+
+Compiles are shared per module (one MLP, with weights embedded and in a .ptd).
+Stateful behaviour (the toy decoder over prefill and decode steps, sessions,
+reset, in-place state) runs in tests/test_state.py for this backend too.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import etsdk
+import pytest
+import torch
+from etsdk.blob import BLOB_MAGIC, BlobReader, BlobWriter
+from etsdk.bridge import InitContext
+from etsdk.signature import unwrap_blob
+from etsdk_aoti import BACKEND_ID, BLOB_FEATURE, weights
+from etsdk_aoti.runtime import AotiBinding
+
+TOLERANCE = dict(atol=1e-5, rtol=1e-5)  # Inductor's fused kernels reorder float32 sums
+
+
+class MLP(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.GELU(), torch.nn.Linear(64, 8))
+        self.register_buffer("scale", torch.tensor([1.5]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x) * self.scale
+
+
+X = torch.randn(4, 16)
+
+
+@pytest.fixture(scope="module")
+def model() -> MLP:
+    return MLP().eval()
+
+
+@pytest.fixture(scope="module")
+def exported(model: MLP, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("aoti")
+    etsdk.lower(
+        module=model, example_inputs=(X,), backend=BACKEND_ID, partitioner_options={"external_data": "weights", "device": "cpu"}
+    ).save(root / "mlp.pte")
+    return {"pte": root / "mlp.pte", "ptd": root / "weights.ptd"}
+
+
+def test_mlp_matches_eager(exported: dict[str, Path], model: MLP) -> None:
+    program = etsdk.load(exported["pte"], data=exported["ptd"])
+    assert program.delegates("forward") == (BACKEND_ID,)
+    for seed in range(3):
+        x = torch.randn(4, 16, generator=torch.Generator().manual_seed(seed))
+        torch.testing.assert_close(program.run("forward", x)[0], model(x), **TOLERANCE)
+
+
+def test_weights_are_in_the_ptd_not_the_pte(exported: dict[str, Path]) -> None:
+    weight_bytes = (16 * 64 + 64 + 64 * 8 + 8) * 4
+    assert exported["ptd"].stat().st_size >= weight_bytes
+    assert exported["pte"].stat().st_size < exported["ptd"].stat().st_size + 2_000_000  # the .pte holds the library, not weights
+
+
+def test_normal_load_prints_no_aoti_warnings(exported: dict[str, Path]) -> None:
+    code = (
+        "import etsdk, torch\n"
+        f"p = etsdk.load({str(exported['pte'])!r}, data={str(exported['ptd'])!r})\n"
+        "p.run('forward', torch.randn(4, 16))\n"
+        "print('RAN')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "RAN" in result.stdout
+    assert "[WARNING]" not in result.stderr
+    assert "validate_full_update" not in result.stderr
+
+
+# ----------------------------------------------------------------------------- load-time failures
+
+
+def _payload(pte: Path) -> tuple[Any, bytes]:
+    data = pte.read_bytes()
+    start = data.index(BLOB_MAGIC)
+    total = int.from_bytes(data[start + 16 : start + 24], "little")
+    return unwrap_blob(memoryview(data[start : start + total]), "test")
+
+
+class _NamedData:
+    def __init__(self, entries: dict[str, memoryview]) -> None:
+        self.entries = entries
+
+    def get(self, key: str) -> memoryview:
+        if key not in self.entries:
+            raise etsdk.ProgramError(f"named data '{key}' is missing")
+        return self.entries[key]
+
+    def keys(self) -> list[str]:
+        return list(self.entries)
+
+
+def _rebuild(payload: memoryview, *, constants: Any = None, config: Any = None, features: tuple[str, ...] = (BLOB_FEATURE,)) -> bytes:
+    reader = BlobReader(payload, known_features={BLOB_FEATURE})
+    writer = BlobWriter(required_features=features)
+    writer.add_section("config", json.dumps(config if config is not None else json.loads(bytes(reader.section("config")))).encode())
+    writer.add_section("constants", json.dumps(constants if constants is not None else json.loads(bytes(reader.section("constants")))).encode())
+    writer.add_section("library", reader.section("library"), alignment=4096)
+    return writer.to_bytes()
+
+
+@pytest.fixture(scope="module")
+def parts(exported: dict[str, Path]) -> dict[str, Any]:
+    signature, payload = _payload(exported["pte"])
+    config = json.loads(bytes(BlobReader(payload, known_features={BLOB_FEATURE}).section("config")))
+    constants = json.loads(bytes(BlobReader(payload, known_features={BLOB_FEATURE}).section("constants")))
+    import mmap
+
+    from executorch.extension.pybindings.portable_lib import _load_for_executorch  # noqa: F401  (keeps the wheel's libs loaded)
+
+    f = exported["ptd"].open("rb")
+    mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    # the weights entry is the one aligned run of bytes of the expected size inside the .ptd; find it by content
+    w = weights.tensor_bytes(MLP().eval().net[0].weight)
+    at = mapped.find(bytes(w[:64]))
+    weights_view = memoryview(mapped)[at : at + config["weights_bytes"]]
+    return {"signature": signature, "payload": payload, "config": config, "constants": constants, "weights": weights_view}
+
+
+def _init(parts: dict[str, Any], blob: bytes, weights_view: memoryview | None = None) -> Any:
+    named = _NamedData({parts["config"]["weights_key"]: weights_view if weights_view is not None else parts["weights"]})
+    context = InitContext(BACKEND_ID, "forward", memoryview(blob), {}, named, parts["signature"])  # type: ignore[arg-type]
+    return AotiBinding().init(context)
+
+
+def test_crafted_context_loads_and_runs(parts: dict[str, Any], model: MLP) -> None:
+    handle = _init(parts, _rebuild(parts["payload"]))
+    out = torch.empty(4, 8)
+    with torch.no_grad():
+        handle.execute((X, out))
+    torch.testing.assert_close(out, model(X), **TOLERANCE)
+
+
+def _constants_with(parts: dict[str, Any], fqn: str, **changes: Any) -> list[dict[str, Any]]:
+    constants = json.loads(json.dumps(parts["constants"]))
+    target = next(c for c in constants if c["fqn"] == fqn)
+    target.update(changes)
+    return constants
+
+
+def test_missing_weight_is_named(parts: dict[str, Any]) -> None:
+    constants = _constants_with(parts, "net.0.weight", source="absent")
+    with pytest.raises(etsdk.ProgramError, match="constant\\(s\\) missing from the weights: net_0_weight \\(net.0.weight, parameter\\)"):
+        _init(parts, _rebuild(parts["payload"], constants=constants))
+
+
+def test_wrong_shape_and_dtype_are_refused(parts: dict[str, Any]) -> None:
+    with pytest.raises(etsdk.BlobFormatError, match="float32 \\[8, 16\\] is 512 bytes, the container expects 4096"):
+        _init(parts, _rebuild(parts["payload"], constants=_constants_with(parts, "net.0.weight", shape=[8, 16], stride=[16, 1])))
+    with pytest.raises(etsdk.BlobFormatError, match="the container's dtype is torch.float32, the description says torch.float16"):
+        _init(parts, _rebuild(parts["payload"], constants=_constants_with(parts, "net.0.weight", dtype="float16")))
+    with pytest.raises(etsdk.BlobFormatError, match="the library reports .* the blob describes"):
+        _init(parts, _rebuild(parts["payload"], constants=_constants_with(parts, "net.0.weight", nbytes=16)))
+
+
+def test_truncated_weights_are_refused(parts: dict[str, Any]) -> None:
+    with pytest.raises(etsdk.ProgramError, match="are 100 bytes, expected"):
+        _init(parts, _rebuild(parts["payload"]), parts["weights"][:100])
+
+
+def test_unknown_required_feature_is_refused(parts: dict[str, Any]) -> None:
+    blob = _rebuild(parts["payload"], features=(BLOB_FEATURE, "aoti.container.v2-sparse"))
+    with pytest.raises(etsdk.UnsupportedFeatureError, match="aoti.container.v2-sparse"):
+        _init(parts, blob)
+
+
+def test_truncated_ptd_file_fails_cleanly(exported: dict[str, Path], tmp_path: Path) -> None:
+    bad = tmp_path / "weights.ptd"
+    bad.write_bytes(exported["ptd"].read_bytes()[:-512])
+    code = (
+        "import etsdk, torch\n"
+        "try:\n"
+        f"    etsdk.load({str(exported['pte'])!r}, data={str(bad)!r}).run('forward', torch.randn(4, 16))\n"
+        "except etsdk.EtsdkError as e:\n"
+        "    print('REFUSED', type(e).__name__, e)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]  # no crash
+    assert "REFUSED" in result.stdout
+
+
+# ----------------------------------------------------------------------------- weights layout
+
+
+def test_cpu_layout_uses_64_byte_slots_and_cuda_layout_is_packed() -> None:
+    entries = [("a", 10), ("b", 64), ("c", 3), ("d", 0), ("e", 8)]
+    cpu, cpu_total = weights.layout(entries, "cpu")
+    assert [s.offset for s in cpu] == [0, 64, 128, 192, 192]
+    assert cpu_total == 200
+    cuda, cuda_total = weights.layout(entries, "cuda")
+    assert [s.offset for s in cuda] == [0, 10, 74, 77, 77]
+    assert cuda_total == 85
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_layout_round_trip_without_a_gpu(device: str, tmp_path: Path) -> None:
+    tensors = [torch.randn(3, 5), torch.arange(7, dtype=torch.int64), torch.randn(2, dtype=torch.float16), torch.ones(1, dtype=torch.bool)]
+    slots, total = weights.layout([(f"t{i}", t.numel() * t.element_size()) for i, t in enumerate(tensors)], device)
+    path = tmp_path / "w.bin"
+    weights.write_file(path, slots, tensors)
+    data = memoryview(path.read_bytes())
+    assert data.nbytes == total
+    for slot, tensor in zip(slots, tensors):
+        back = weights.read(data, slot, tensor.dtype, tensor.shape, tensor.stride())
+        assert torch.equal(back, tensor)
+    with pytest.raises(ValueError, match="needs bytes"):
+        weights.read(data[: total - 1], slots[-1], tensors[-1].dtype, tensors[-1].shape, tensors[-1].stride())
+
+
+def test_missing_library_is_a_clear_export_error(monkeypatch: pytest.MonkeyPatch, model: MLP) -> None:
+    import torch._inductor
+
+    monkeypatch.setattr(torch._inductor, "aot_compile", lambda *a, **k: ["/tmp/x.wrapper.cpp", "/tmp/x.kernel.cpp"])
+    with pytest.raises(etsdk.ExportError, match="produced 0 compiled libraries .* it produced: /tmp/x.wrapper.cpp, /tmp/x.kernel.cpp"):
+        etsdk.lower(module=model, example_inputs=(X,), backend=BACKEND_ID, partitioner_options={"device": "cpu"})
