@@ -82,7 +82,9 @@ class MethodSource:
 
     ``backends``: ids to lower to, each claiming what it supports, in order.
     ``state``: module buffer FQN -> state identity of the contract, for every
-    buffer that holds state (read or written).
+    buffer that holds state (read or written). ``example_kwargs`` are passed by
+    name (the engine binds them after the positional inputs, in this order).
+    ``strict``: use strict ``torch.export`` (Hugging Face static caches need it).
     """
 
     module: Any
@@ -91,6 +93,7 @@ class MethodSource:
     partitioner_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     strict: bool = False
     state: Mapping[str, str] = field(default_factory=dict)
+    example_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
 
 class _StateTagging:
@@ -227,7 +230,12 @@ def lower(
     for name, source in methods.items():
         _progress(f"tracing '{name}'", quiet, started)
         try:
-            exported[name] = torch.export.export(source.module, tuple(source.example_inputs), strict=source.strict)
+            exported[name] = torch.export.export(
+                source.module,
+                tuple(source.example_inputs),
+                kwargs=dict(source.example_kwargs) or None,
+                strict=source.strict,
+            )
         except Exception as exc:
             raise ExportError(f"torch.export of method '{name}' failed: {type(exc).__name__}: {exc}") from exc
         _check_state_declarations(name, source, exported[name], contract)
