@@ -67,10 +67,28 @@ def backend_details_class(backend_id: str) -> type:
             result.processed_bytes, _ = wrap_blob(bytes(result.processed_bytes), signature)
             return result
 
+        def copy_for_preprocess(cls: type, edge_program: Any, compile_specs: list[Any]) -> Any:
+            # ExecuTorch deep-copies every partition before preprocess; copying the
+            # weights too would hold a second model-sized copy during export. Plugins
+            # may change the graph they are given but never its tensors, so the copy
+            # shares them.
+            import copy
+
+            import torch
+
+            tensors = [*edge_program.state_dict.values(), *edge_program.constants.values()]
+            memo = {id(t): t for t in tensors if isinstance(t, torch.Tensor)}
+            return copy.deepcopy(edge_program, memo)
+
         cls = type(
             backend_id,
             (BackendDetails,),
-            {"preprocess": staticmethod(preprocess), "__module__": __name__, "__doc__": f"etsdk backend {backend_id}"},
+            {
+                "preprocess": staticmethod(preprocess),
+                "copy_exported_program_for_preprocess": classmethod(copy_for_preprocess),
+                "__module__": __name__,
+                "__doc__": f"etsdk backend {backend_id}",
+            },
         )
         _details_classes[backend_id] = cls
         return cls
