@@ -11,8 +11,13 @@ decode step, interleaved over several rounds (medians reported):
   the same weights (the eager model's tensors) and its own caches bound
   user-managed, and ``Run`` called with the same inputs.
 
+Where the time goes: the etsdk path is also timed with a clock around the
+container's ``Run`` inside the binding, which splits a step into the library's
+own work and what etsdk adds around it (runtime, bridge, binding, output copy).
+
 Last line: JSON with ``etsdk_us_per_step``, ``direct_us_per_step`` and
-``overhead_pct``, plus the step's parts measured separately.
+``overhead_pct``, plus ``etsdk_added_us_per_step`` (the step minus the time
+inside ``Run``) and ``run_inside_etsdk_us_per_step``.
 """
 
 from __future__ import annotations
@@ -25,19 +30,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 import etsdk
+import torch
 from etsdk.blob import BLOB_MAGIC, BlobReader
 from etsdk.signature import unwrap_blob
 from etsdk_aoti import BACKEND_ID, BLOB_FEATURE
 from etsdk_aoti.library import Library
-from etsdk_aoti.runtime import _library_file
 from etsdk_aoti.testing import llama_methods, tiny_llama
 
 
-def _decode_payload(pte: Path, signature_inputs: int) -> memoryview:
-    """The decode delegate's etsdk-aoti payload (the .pte holds prefill's first, then decode's)."""
+def _decode_payload(pte: Path, uid: str) -> memoryview:
+    """The etsdk-aoti payload of the delegate whose signature has ``uid``."""
     data = pte.read_bytes()
     payloads = []
     start = data.find(BLOB_MAGIC)
@@ -49,29 +52,36 @@ def _decode_payload(pte: Path, signature_inputs: int) -> memoryview:
         except etsdk.EtsdkError:
             pass
         start = data.find(BLOB_MAGIC, start + 1)
-    decode = [p for s, p in payloads if s.inputs and s.inputs[0].shape == (1, 1)]
-    return decode[0]
+    return next(p for s, p in payloads if s.uid == uid)
 
 
-def _direct(payload: memoryview, wrapper: Any) -> tuple[Library, dict[str, torch.Tensor]]:
-    reader = BlobReader(payload, known_features={BLOB_FEATURE})
-    records = json.loads(bytes(reader.section("constants")))
-    library = Library(_library_file(reader.section("library")), "cpu")
-    tensors = dict(wrapper.named_parameters()) | dict(wrapper.named_buffers())
-    caches = {}
-    pairs = []
-    for record in records:
-        if record["source"] == "folded":
-            continue
-        tensor = tensors.get(record["fqn"])
-        if record["source"] == "state":
-            tensor = torch.zeros(record["shape"], dtype=getattr(torch, record["dtype"]))
-            caches[record["fqn"]] = tensor
-        if tensor is None:
-            tensor = torch.zeros(record["nbytes"] // 4)
-        pairs.append((record["name"], tensor.detach()))
-    library.bind_user_managed(pairs)
-    return library, caches
+class _NamedData:
+    def __init__(self, entries: dict[str, memoryview]) -> None:
+        self.entries = entries
+
+    def get(self, key: str) -> memoryview:
+        return self.entries[key]
+
+    def keys(self) -> list[str]:
+        return list(self.entries)
+
+
+def _direct(pte: Path, payload: memoryview, signature: Any) -> Library:
+    """The decode library with exactly the weights etsdk binds, and caches of its own."""
+    from etsdk.bridge import InitContext
+    from etsdk.bridge.build import load_extension
+    from etsdk_aoti.runtime import AotiBinding
+
+    config = json.loads(bytes(BlobReader(payload, known_features={BLOB_FEATURE}).section("config")))
+    _, weights = load_extension().inspect_program(str(pte), config["weights_key"])
+    context = InitContext(BACKEND_ID, "decode", payload, {}, _NamedData({config["weights_key"]: memoryview(weights)}), signature)
+    handle = AotiBinding().init(context)  # type: ignore[arg-type]
+    library = handle._library
+    library.bind_user_managed(
+        [(name, torch.zeros(shape, dtype=getattr(torch, dtype))) for name, _, shape, dtype in handle._states]
+    )
+    library._keep = (weights, handle)  # type: ignore[attr-defined]
+    return library
 
 
 def main() -> None:
@@ -82,8 +92,13 @@ def main() -> None:
     parser.add_argument("--capacity", type=int, default=128)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--et-threads", type=int, default=None, help="resize ExecuTorch's own threadpool first")
     args = parser.parse_args()
     torch.set_num_threads(2)
+    if args.et_threads is not None:
+        from executorch.extension.pybindings import portable_lib
+
+        portable_lib._unsafe_reset_threadpool(args.et_threads)
     model = tiny_llama(vocab=args.vocab, hidden=args.hidden, layers=args.layers, heads=8, kv_heads=4, capacity=args.capacity)
     params = sum(p.numel() for p in model.parameters())
     methods, contract = llama_methods(
@@ -97,38 +112,86 @@ def main() -> None:
         program = etsdk.load(pte)
         session = program.new_session()
         decode = program.load_method("decode")
-        library, _ = _direct(_decode_payload(pte, 2), methods["decode"].module)
+        (delegate,) = program.record.methods["decode"]
+        library = _direct(pte, _decode_payload(pte, delegate.signature.uid), delegate.signature)
         ids = torch.tensor([[11]])
         positions = [torch.tensor([i % args.capacity]) for i in range(args.steps)]
+        # the library takes the delegate's arguments in the delegate's order, which
+        # need not be the method's: bind by name, as the program record says
+        order = [a.name for a in delegate.signature.inputs]
+
+        def direct_inputs(position: torch.Tensor) -> list[torch.Tensor]:
+            by_name = {"input_ids": ids, "cache_position": position}
+            return [by_name[name] for name in order]
+
         # same compiled code, same weights: the same logits on a fresh cache
         etsdk_logits = decode.execute((ids, positions[0]), session=session)[0]
-        direct_logits = library.run([ids, positions[0]])[0]
+        direct_logits = library.run(direct_inputs(positions[0]))[0]
         torch.testing.assert_close(etsdk_logits, direct_logits)
 
         def run_etsdk() -> None:
             for p in positions:
                 decode.execute((ids, p), session=session)
 
-        def run_direct() -> None:
-            for p in positions:
-                library.run([ids, p])
+        direct_args = [direct_inputs(p) for p in positions]
 
-        samples: dict[str, list[float]] = {"etsdk": [], "direct": []}
+        def run_direct() -> None:
+            for a in direct_args:
+                library.run(a)
+
+        samples: dict[str, list[float]] = {"etsdk": [], "direct": [], "inside": []}
+        inside = [0.0]
+        original_run = Library.run
+
+        def timed_run(self: Library, inputs: Any, stream: Any = None) -> Any:
+            t = time.perf_counter()
+            try:
+                return original_run(self, inputs, stream)
+            finally:
+                inside[0] += time.perf_counter() - t
+
         run_etsdk(), run_direct()  # warm-up
         for _ in range(args.rounds):
             for name, fn in (("etsdk", run_etsdk), ("direct", run_direct)):
+                inside[0] = 0.0
+                Library.run = timed_run if name == "etsdk" else original_run  # type: ignore[method-assign]
                 t = time.perf_counter()
                 fn()
                 samples[name].append((time.perf_counter() - t) / args.steps * 1e6)
+                if name == "etsdk":
+                    samples["inside"].append(inside[0] / args.steps * 1e6)
+        # etsdk's own cost per step with the library's work taken out: Run replaced
+        # by a stub returning a finished result
+        canned: list[Any] = []
+
+        def stub_run(self: Library, inputs: Any, stream: Any = None) -> Any:
+            if not canned:
+                canned.extend(t.clone() for t in original_run(self, inputs, stream))
+            return canned
+
+        Library.run = stub_run  # type: ignore[method-assign]
+        run_etsdk()
+        structural = []
+        for _ in range(args.rounds):
+            t = time.perf_counter()
+            run_etsdk()
+            structural.append((time.perf_counter() - t) / args.steps * 1e6)
+        Library.run = original_run  # type: ignore[method-assign]
         library.close()
     e, d = statistics.median(samples["etsdk"]), statistics.median(samples["direct"])
+    added = statistics.median(x - y for x, y in zip(samples["etsdk"], samples["inside"]))
     print(f"model: {params / 1e6:.1f}M parameters, capacity {args.capacity}; export took {export_s:.1f}s")
     print(f"etsdk  {e:9.1f} us/step  (rounds: {', '.join(f'{v:.0f}' for v in samples['etsdk'])})")
     print(f"direct {d:9.1f} us/step  (rounds: {', '.join(f'{v:.0f}' for v in samples['direct'])})")
+    print(f"etsdk's step = {statistics.median(samples['inside']):.1f} us inside Run + {added:.1f} us around it")
+    print(f"etsdk's own work per step with Run stubbed out: {statistics.median(structural):.1f} us")
     print(json.dumps({
         "etsdk_us_per_step": round(e, 2),
         "direct_us_per_step": round(d, 2),
         "overhead_pct": round((e - d) / d * 100, 2),
+        "etsdk_added_us_per_step": round(added, 2),
+        "etsdk_structural_us_per_step": round(statistics.median(structural), 2),
+        "run_inside_etsdk_us_per_step": round(statistics.median(samples["inside"]), 2),
         "parameters": params,
     }))
 
