@@ -25,7 +25,6 @@ import json
 import statistics
 import tempfile
 import time
-import types
 from pathlib import Path
 from typing import Any
 
@@ -78,15 +77,7 @@ def _register_contract(directory: Path) -> Any:
 
     path = directory / "bench_ring.json"
     path.write_text(json.dumps(_contract_spec()))
-    module = types.ModuleType("bench_ring_contract")
-    module.ETSDK_PLUGIN_API = ">=1,<2"  # type: ignore[attr-defined]
-
-    @etsdk.hookimpl
-    def etsdk_register_contracts() -> list[etsdk.ContractSpec]:
-        return [etsdk.ContractSpec(name="bench_ring", version=1, path=path)]
-
-    module.etsdk_register_contracts = etsdk_register_contracts  # type: ignore[attr-defined]
-    etsdk.register_plugin(module, "bench-ring")
+    etsdk.register_contracts([etsdk.ContractSpec(name="bench_ring", version=1, path=path)], "bench-ring")
     return Contract.from_bytes(path.read_bytes())
 
 

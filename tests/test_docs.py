@@ -17,7 +17,7 @@ def _python_blocks(path: Path) -> list[str]:
     return re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S)
 
 
-@pytest.mark.parametrize("doc", ["README.md", "docs/index.md"])
+@pytest.mark.parametrize("doc", ["README.md", "docs/index.md", "plugins/aoti/README.md"])
 def test_python_examples_run(doc: str, tmp_path: Path) -> None:
     blocks = _python_blocks(ROOT / doc)
     assert blocks, f"{doc} has no python example"

@@ -36,6 +36,7 @@ from etsdk.registry import (
     get_contract,
     get_runner,
     list_plugins,
+    register_contracts,
     register_plugin,
     reset_registry,
 )
@@ -112,6 +113,7 @@ __all__ = [
     "list_plugins",
     "load",
     "lower",
+    "register_contracts",
     "register_plugin",
     "reset_registry",
 ]

@@ -45,6 +45,7 @@ __all__ = [
     "get_contract",
     "get_runner",
     "list_plugins",
+    "register_contracts",
     "register_plugin",
     "reset_registry",
 ]
@@ -194,6 +195,26 @@ def register_plugin(module: ModuleType, name: str | None = None) -> None:
         if plugin.status == PluginStatus.FAILED:
             raise PluginConflictError(plugin.reason or "conflict", plugin=name)
         _extra.append((module, name))
+
+
+def register_contracts(specs: Sequence[ContractSpec], name: str) -> None:
+    """Register contract specifications in-process, as a plugin named ``name`` (once per name).
+
+    For contracts that ship outside a distribution (a script, a test, a benchmark);
+    conflicts with installed plugins are reported as for any plugin.
+    """
+    if any(p.name == name for p in _get().plugins):
+        return
+    module = ModuleType(name)
+    module.ETSDK_PLUGIN_API = f">={hookspec.PLUGIN_API_VERSION}"  # type: ignore[attr-defined]
+    records = tuple(specs)
+
+    @hookspec.hookimpl
+    def etsdk_register_contracts() -> Sequence[ContractSpec]:
+        return records
+
+    module.etsdk_register_contracts = etsdk_register_contracts  # type: ignore[attr-defined]
+    register_plugin(module, name)
 
 
 def list_plugins() -> list[PluginInfo]:

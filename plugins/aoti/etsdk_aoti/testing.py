@@ -10,7 +10,6 @@ every step. The state is described by the test contract ``test_llama_kv`` v1
 
 from __future__ import annotations
 
-import types
 from pathlib import Path
 from typing import Any
 
@@ -61,16 +60,9 @@ def state_fqns(layers: int) -> dict[str, str]:
 
 def register_test_contract() -> Contract:
     """Register ``test_llama_kv`` v1 in-process (once) and return its specification."""
-    if not any("test_llama_kv" in p.contracts for p in etsdk.list_plugins()):
-        module = types.ModuleType("etsdk_aoti_test_contracts")
-        module.ETSDK_PLUGIN_API = ">=1,<2"  # type: ignore[attr-defined]
-
-        @etsdk.hookimpl
-        def etsdk_register_contracts() -> list[etsdk.ContractSpec]:
-            return [etsdk.ContractSpec(name="test_llama_kv", version=1, path=CONTRACT_PATH)]
-
-        module.etsdk_register_contracts = etsdk_register_contracts  # type: ignore[attr-defined]
-        etsdk.register_plugin(module, "etsdk-aoti-test-contracts")
+    etsdk.register_contracts(
+        [etsdk.ContractSpec(name="test_llama_kv", version=1, path=CONTRACT_PATH)], "etsdk-aoti-test-contracts"
+    )
     return Contract.from_bytes(CONTRACT_PATH.read_bytes())
 
 
