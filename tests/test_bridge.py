@@ -313,3 +313,23 @@ def test_blob_requiring_unknown_feature_fails_closed(programs: dict[str, Path], 
         program.load_method("forward")
     assert info.value.feature == "reference.graph.v9"
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_missing_compiler_says_what_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from etsdk.bridge import build
+
+    monkeypatch.setenv("ETSDK_CACHE_DIR", str(tmp_path))  # nothing cached here: a build is needed
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setattr(build.shutil, "which", lambda name: None)
+    with pytest.raises(etsdk.BridgeBuildError, match="no C\\+\\+ compiler found .* apt-get install g\\+\\+"):
+        build.build()
+
+
+def test_bridge_builds_into_the_cache_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from etsdk.bridge import build
+
+    monkeypatch.setenv("ETSDK_CACHE_DIR", str(tmp_path))
+    first = build.build()
+    assert first.is_file() and tmp_path in first.parents
+    mtime = first.stat().st_mtime_ns
+    assert build.build() == first and first.stat().st_mtime_ns == mtime  # cached, not rebuilt
