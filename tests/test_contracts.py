@@ -78,7 +78,7 @@ _DELETE = object()
         (["methods", "decode", "inputs", 1, "shape"], [1, -2], "expected a non-negative integer or a dim name, found -2"),
         (["methods", "decode", "inputs", 1, "shape"], "1", "expected a list, found '1'"),
         (["version"], "1", "version: expected an integer, found '1'"),
-        (["format"], "other", "'format' must be 'etsdk.contract'"),
+        (["format"], "other", "has format 'other', expected 'etsdk.contract'"),
         (["methods"], {}, "at least one method"),
         (["states", 0, "initial"], "zero", "initial: expected a number"),
         (["name"], _DELETE, "name: expected a non-empty string, found None"),
@@ -189,7 +189,7 @@ def test_program_record_rejects_bad_bytes() -> None:
         ProgramRecord.from_bytes(b"\xff", "x.pte")
     with pytest.raises(etsdk.ProgramError, match="expected 'etsdk.program'"):
         ProgramRecord.from_bytes(b'{"format":"nope"}', "x.pte")
-    with pytest.raises(UnsupportedFeatureError, match="format 3 is newer"):
+    with pytest.raises(UnsupportedFeatureError, match="format 3.0 is newer"):
         ProgramRecord.from_bytes(b'{"format":"etsdk.program","format_version":[3,0],"methods":{}}', "x.pte")
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from etsdk.errors import EtsdkError, UnsupportedFeatureError
+from etsdk.versioning import check_format
 
 __all__ = [
     "CONTRACT_FORMAT",
@@ -362,17 +363,10 @@ class Contract:
     def from_json(cls, obj: Any, *, where: str = "contract") -> Contract:
         p = _Parser(where)
         o = p.obj(obj, "")
-        if o.get("format") != CONTRACT_FORMAT:
-            raise ContractError(f"{where}: 'format' must be {CONTRACT_FORMAT!r}, found {o.get('format')!r}")
-        version = p.list(o.get("format_version"), "format_version")
-        if len(version) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in version):
-            raise ContractError(f"{where}.format_version: expected [major, minor], found {version!r}")
-        if version[0] > FORMAT_MAJOR:
-            raise UnsupportedFeatureError(
-                f"{where}: contract format {version[0]}.{version[1]} is newer than this etsdk reads "
-                f"({FORMAT_MAJOR}.{FORMAT_MINOR}); upgrade etsdk",
-                feature=f"contract-format-{version[0]}",
-            )
+        check_format(
+            o, expected=CONTRACT_FORMAT, major=FORMAT_MAJOR, minor=FORMAT_MINOR, where=where, error=ContractError,
+            what="contract",
+        )
         features = tuple(p.str(f, f"required_features[{i}]") for i, f in enumerate(p.list(o.get("required_features", []), "required_features")))
         unknown = [f for f in features if f not in KNOWN_CONTRACT_FEATURES]
         if unknown:

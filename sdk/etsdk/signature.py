@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from etsdk.blob import BlobReader, BlobWriter
-from etsdk.contract import Contract, ContractError
+from etsdk.contract import Contract
 from etsdk.dtypes import dtype_name as _dtype_name
 from etsdk.errors import ExportError, ProgramError
+from etsdk.versioning import check_format
 
 __all__ = [
     "ArgSpec",
@@ -267,25 +268,13 @@ class ProgramRecord:
             obj = json.loads(bytes(data).decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ProgramError(f"{where}: etsdk program record is not valid JSON: {exc}") from None
-        if not isinstance(obj, dict) or obj.get("format") != PROGRAM_FORMAT:
-            raise ProgramError(f"{where}: etsdk program record has format {obj.get('format') if isinstance(obj, dict) else obj!r}, expected {PROGRAM_FORMAT!r}")
-        version = obj.get("format_version")
-        if not isinstance(version, list) or not version or not isinstance(version[0], int):
-            raise ProgramError(f"{where}: etsdk program record has no valid format_version (found {version!r})")
-        if version[0] > PROGRAM_FORMAT_MAJOR:
-            from etsdk.errors import UnsupportedFeatureError
-
-            raise UnsupportedFeatureError(
-                f"{where}: etsdk program record format {version[0]} is newer than this etsdk reads "
-                f"({PROGRAM_FORMAT_MAJOR}); upgrade etsdk",
-                feature=f"program-format-{version[0]}",
-            )
+        check_format(
+            obj, expected=PROGRAM_FORMAT, major=PROGRAM_FORMAT_MAJOR, minor=0, where=where, error=ProgramError,
+            what="etsdk program record",
+        )
         contract = None
         if obj.get("contract") is not None:
-            try:
-                contract = Contract.from_json(obj["contract"], where=f"{where}: contract record")
-            except ContractError:
-                raise
+            contract = Contract.from_json(obj["contract"], where=f"{where}: contract record")
         methods_raw = obj.get("methods")
         if not isinstance(methods_raw, dict):
             raise ProgramError(f"{where}: etsdk program record has no 'methods' object")
