@@ -79,7 +79,8 @@ def etsdk_edge_transform_passes(backend_id: str) -> Sequence[Callable[..., Any]]
     Called by :func:`etsdk.lower` for each backend taking part in a lowering,
     on every plugin; a plugin returns ``None`` for backends it does not know.
     The passes are given to ``to_edge_transform_and_lower(transform_passes=...)``
-    in plugin order.
+    in plugin order, so they see (and change) every method of the program, not
+    only the operators that backend will claim.
     """
     raise NotImplementedError
 
