@@ -127,6 +127,10 @@ def test_alias_rules_on_records() -> None:
 def test_record_must_conform_to_the_registered_spec() -> None:
     spec = Contract.from_bytes(SPEC_PATH.read_bytes())
     obj = _record_json()
+    obj["dims"]["S"] = None
+    with pytest.raises(ContractError, match="leaves dim\\(s\\) S unbound"):
+        Contract.from_json(obj).check_conforms_to(spec)
+    obj = _record_json()
     obj["methods"]["decode"]["inputs"][1]["role"] = "mask"
     with pytest.raises(ContractError, match="method 'decode' input 1: expected 'positions' \\(positions, int64 \\[1\\]\\), found 'positions' \\(mask"):
         Contract.from_json(obj).check_conforms_to(spec)
@@ -206,11 +210,15 @@ def test_mutated_contract_records_raise_only_etsdk_errors(data: st.DataObject) -
             del raw[position : position + data.draw(st.integers(1, 12))]
         else:
             raw[position:position] = data.draw(st.binary(min_size=1, max_size=6))
-    for parse in (lambda b: Contract.from_bytes(b), lambda b: ProgramRecord.from_bytes(b, "fuzz")):
-        try:
-            parse(bytes(raw))
-        except EtsdkError:
-            pass
+    spec = Contract.from_bytes(SPEC_PATH.read_bytes())
+    try:
+        Contract.from_bytes(bytes(raw)).check_conforms_to(spec)
+    except EtsdkError:
+        pass
+    try:
+        ProgramRecord.from_bytes(bytes(raw), "fuzz")
+    except EtsdkError:
+        pass
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -225,8 +233,9 @@ def test_mutated_contract_records_raise_only_etsdk_errors(data: st.DataObject) -
     )
 )
 def test_structured_garbage_raises_only_etsdk_errors(obj: Any) -> None:
-    for candidate in (obj, {**spec_json(), "methods": obj}, {**spec_json(), "states": obj}):
+    spec = Contract.from_bytes(SPEC_PATH.read_bytes())
+    for candidate in (obj, {**spec_json(), "methods": obj}, {**spec_json(), "states": obj}, {**_record_json(), "dims": obj}):
         try:
-            Contract.from_json(candidate)
+            Contract.from_json(candidate).check_conforms_to(spec)
         except EtsdkError:
             pass

@@ -26,7 +26,7 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 from etsdk.errors import BlobFormatError, UnsupportedFeatureError
 
@@ -247,7 +247,10 @@ class BlobReader:
         return self._view[found.offset : found.offset + found.length]
 
 
-def _typed(obj: dict, key: str, kind: type, default: object, *, where: str = "blob header") -> object:
+_T = TypeVar("_T")
+
+
+def _typed(obj: dict[str, Any], key: str, kind: type[_T], default: _T | None, *, where: str = "blob header") -> _T:
     if key not in obj:
         if default is None:
             raise BlobFormatError(f"{where}: missing '{key}'")
@@ -258,8 +261,8 @@ def _typed(obj: dict, key: str, kind: type, default: object, *, where: str = "bl
     return value
 
 
-def _str_list(obj: dict, key: str) -> list[str]:
-    value = _typed(obj, key, list, [])
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+def _str_list(obj: dict[str, Any], key: str) -> list[str]:
+    value: list[Any] = _typed(obj, key, list, [])
+    if not all(isinstance(v, str) for v in value):
         raise BlobFormatError(f"blob header: '{key}' must be a list of strings")
     return value

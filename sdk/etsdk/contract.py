@@ -209,7 +209,10 @@ class Contract:
                 return d
             if d not in dims:
                 raise ContractError(f"{where}: unknown dim '{d}' (dims: {', '.join(dims)})")
-            return int(dims[d])  # type: ignore[arg-type]
+            value = dims[d]
+            if value is None:
+                raise ContractError(f"{where}: dim '{d}' is not bound")
+            return value
 
         def expand(items: Iterable[Any], where: str) -> list[Any]:
             out = []
@@ -298,7 +301,11 @@ class Contract:
         """A record must follow the registered specification of its name and version."""
         if (self.name, self.version) != (spec.name, spec.version):
             raise ContractError(f"record is {self.name} v{self.version}, specification is {spec.name} v{spec.version}")
-        expected = spec.bind(**{k: int(v) for k, v in self.dims.items() if k in spec.dims and spec.dims[k] is None})
+        unbound = sorted(k for k, v in self.dims.items() if v is None)
+        if unbound:
+            raise ContractError(f"record of {self.name} v{self.version} leaves dim(s) {', '.join(unbound)} unbound")
+        sizes = {k: v for k, v in self.dims.items() if k in spec.dims and spec.dims[k] is None and v is not None}
+        expected = spec.bind(**sizes)
         for want in expected.methods:
             try:
                 got = self.method(want.name)
@@ -367,7 +374,7 @@ class Contract:
             o, expected=CONTRACT_FORMAT, major=FORMAT_MAJOR, minor=FORMAT_MINOR, where=where, error=ContractError,
             what="contract",
         )
-        features = tuple(p.str(f, f"required_features[{i}]") for i, f in enumerate(p.list(o.get("required_features", []), "required_features")))
+        features = tuple(p.string(f, f"required_features[{i}]") for i, f in enumerate(p.sequence(o.get("required_features", []), "required_features")))
         unknown = [f for f in features if f not in KNOWN_CONTRACT_FEATURES]
         if unknown:
             raise UnsupportedFeatureError(
@@ -387,15 +394,15 @@ class Contract:
         methods = tuple(
             MethodSpec(
                 name,
-                tuple(p.io(x, f"methods.{name}.inputs[{i}]", output=False) for i, x in enumerate(p.list(p.obj(m, f"methods.{name}").get("inputs"), f"methods.{name}.inputs"))),
-                tuple(p.io(x, f"methods.{name}.outputs[{i}]", output=True) for i, x in enumerate(p.list(p.obj(m, f"methods.{name}").get("outputs"), f"methods.{name}.outputs"))),
+                tuple(p.io(x, f"methods.{name}.inputs[{i}]", output=False) for i, x in enumerate(p.sequence(p.obj(m, f"methods.{name}").get("inputs"), f"methods.{name}.inputs"))),
+                tuple(p.io(x, f"methods.{name}.outputs[{i}]", output=True) for i, x in enumerate(p.sequence(p.obj(m, f"methods.{name}").get("outputs"), f"methods.{name}.outputs"))),
             )
             for name, m in methods_raw.items()
         )
-        states = tuple(p.state(s, f"states[{i}]") for i, s in enumerate(p.list(o.get("states", []), "states")))
+        states = tuple(p.state(s, f"states[{i}]") for i, s in enumerate(p.sequence(o.get("states", []), "states")))
         contract = cls(
-            name=p.str(o.get("name"), "name"),
-            version=p.int(o.get("version"), "version"),
+            name=p.string(o.get("name"), "name"),
+            version=p.integer(o.get("version"), "version"),
             methods=methods,
             states=states,
             dims=dims,
@@ -480,23 +487,23 @@ class _Parser:
             raise self._fail(path or "<root>", "an object", value)
         return value
 
-    def list(self, value: Any, path: str) -> list[Any]:
+    def sequence(self, value: Any, path: str) -> list[Any]:
         if not isinstance(value, list):
             raise self._fail(path, "a list", value)
         return value
 
-    def str(self, value: Any, path: str) -> str:
+    def string(self, value: Any, path: str) -> str:
         if not isinstance(value, str) or not value:
             raise self._fail(path, "a non-empty string", value)
         return value
 
-    def int(self, value: Any, path: str) -> int:
+    def integer(self, value: Any, path: str) -> int:
         if not isinstance(value, int) or isinstance(value, bool):
             raise self._fail(path, "an integer", value)
         return value
 
     def name(self, value: Any, path: str) -> str:
-        text = self.str(value, path)
+        text = self.string(value, path)
         if not _NAME.match(text):
             raise self._fail(path, "a name (letters, digits, '_', '.')", value)
         return text
@@ -517,14 +524,14 @@ class _Parser:
 
     def shape(self, value: Any, path: str) -> tuple[Dim, ...]:
         dims: list[Dim] = []
-        for i, d in enumerate(self.list(value, path)):
+        for i, d in enumerate(self.sequence(value, path)):
             if isinstance(d, bool) or not isinstance(d, (int, str)) or (isinstance(d, int) and d < 0):
                 raise self._fail(f"{path}[{i}]", "a non-negative integer or a dim name", d)
             dims.append(d)
         return tuple(dims)
 
     def optional_int(self, value: Any, path: str) -> int | None:
-        return None if value is None else self.int(value, path)
+        return None if value is None else self.integer(value, path)
 
     def io(self, value: Any, path: str, *, output: bool) -> IOSpec:
         o = self.obj(value, path)
@@ -550,7 +557,7 @@ class _Parser:
             state=None if state is None else self.name(state, f"{path}.state"),
             alias=alias,
             layer=self.optional_int(o.get("layer"), f"{path}.layer"),
-            repeat=None if o.get("repeat") is None else self.str(o.get("repeat"), f"{path}.repeat"),
+            repeat=None if o.get("repeat") is None else self.string(o.get("repeat"), f"{path}.repeat"),
         )
 
     def state(self, value: Any, path: str) -> StateSpec:
@@ -565,7 +572,7 @@ class _Parser:
             shape=self.shape(o.get("shape"), f"{path}.shape"),
             initial=float(initial),
             ownership=self.enum(Ownership, o.get("ownership", "caller"), f"{path}.ownership"),
-            device=self.str(o.get("device", "cpu"), f"{path}.device"),
+            device=self.string(o.get("device", "cpu"), f"{path}.device"),
             layer=self.optional_int(o.get("layer"), f"{path}.layer"),
-            repeat=None if o.get("repeat") is None else self.str(o.get("repeat"), f"{path}.repeat"),
+            repeat=None if o.get("repeat") is None else self.string(o.get("repeat"), f"{path}.repeat"),
         )

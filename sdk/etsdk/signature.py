@@ -304,7 +304,7 @@ def check_binding_order(method: str, graph_module: Any, etsdk_backends: Iterable
     import operator
 
     ours = set(etsdk_backends)
-    records = []
+    records: list[DelegateRecord] = []
     # A delegate's placeholders carry the names its inputs had before partitioning;
     # an input produced by an earlier delegate is now that delegate's getitem node.
     # ``original`` maps such getitem names back to the producing delegate's output name.

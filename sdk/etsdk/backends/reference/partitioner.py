@@ -46,7 +46,7 @@ class _Support(OperatorSupportBase):
         name = aten_name(node.target)
         if name is None:
             return False
-        op = getattr(node.target, "_op", node.target)
+        op: Any = getattr(node.target, "_op", node.target)
         if op._schema.is_mutable:
             return False
         return self.ops is None or _matches(name, self.ops)
