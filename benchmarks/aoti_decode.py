@@ -36,6 +36,7 @@ import etsdk
 import torch
 from etsdk.blob import BLOB_MAGIC, BlobReader
 from etsdk.signature import unwrap_blob
+from etsdk.testing import NamedDataStub
 from etsdk_aoti import BACKEND_ID, BLOB_FEATURE
 from etsdk_aoti.library import Library
 from etsdk_aoti.testing import llama_methods, tiny_llama
@@ -57,17 +58,6 @@ def _decode_payload(pte: Path, uid: str) -> memoryview:
     return next(p for s, p in payloads if s.uid == uid)
 
 
-class _NamedData:
-    def __init__(self, entries: dict[str, memoryview]) -> None:
-        self.entries = entries
-
-    def get(self, key: str) -> memoryview:
-        return self.entries[key]
-
-    def keys(self) -> list[str]:
-        return list(self.entries)
-
-
 def _direct(pte: Path, payload: memoryview, signature: Any) -> Library:
     """The decode library with exactly the weights etsdk binds, and caches of its own."""
     from etsdk.bridge import InitContext
@@ -76,7 +66,7 @@ def _direct(pte: Path, payload: memoryview, signature: Any) -> Library:
 
     config = json.loads(bytes(BlobReader(payload, known_features={BLOB_FEATURE}).section("config")))
     _, weights = load_extension().inspect_program(str(pte), config["weights_key"])
-    context = InitContext(BACKEND_ID, "decode", payload, {}, _NamedData({config["weights_key"]: memoryview(weights)}), signature)
+    context = InitContext(BACKEND_ID, "decode", payload, {}, NamedDataStub({config["weights_key"]: memoryview(weights)}), signature)
     handle = AotiBinding().init(context)  # type: ignore[arg-type]
     library = handle._library
     library.bind_user_managed(

@@ -19,6 +19,7 @@ import torch
 from etsdk.blob import BLOB_MAGIC, BlobReader, BlobWriter
 from etsdk.bridge import InitContext
 from etsdk.signature import unwrap_blob
+from etsdk.testing import NamedDataStub
 from etsdk_aoti import BACKEND_ID, BLOB_FEATURE, weights
 from etsdk_aoti.runtime import AotiBinding
 
@@ -91,19 +92,6 @@ def _payload(pte: Path) -> tuple[Any, bytes]:
     return unwrap_blob(memoryview(data[start : start + total]), "test")
 
 
-class _NamedData:
-    def __init__(self, entries: dict[str, memoryview]) -> None:
-        self.entries = entries
-
-    def get(self, key: str) -> memoryview:
-        if key not in self.entries:
-            raise etsdk.ProgramError(f"named data '{key}' is missing")
-        return self.entries[key]
-
-    def keys(self) -> list[str]:
-        return list(self.entries)
-
-
 def _rebuild(payload: memoryview, *, constants: Any = None, config: Any = None, features: tuple[str, ...] = (BLOB_FEATURE,)) -> bytes:
     reader = BlobReader(payload, known_features={BLOB_FEATURE})
     writer = BlobWriter(required_features=features)
@@ -132,7 +120,7 @@ def parts(exported: dict[str, Path]) -> dict[str, Any]:
 
 
 def _init(parts: dict[str, Any], blob: bytes, weights_view: memoryview | None = None) -> Any:
-    named = _NamedData({parts["config"]["weights_key"]: weights_view if weights_view is not None else parts["weights"]})
+    named = NamedDataStub({parts["config"]["weights_key"]: weights_view if weights_view is not None else parts["weights"]})
     context = InitContext(BACKEND_ID, "forward", memoryview(blob), {}, named, parts["signature"])  # type: ignore[arg-type]
     return AotiBinding().init(context)
 

@@ -9,7 +9,24 @@
 
 from etsdk.testing.plugins import PluginSite
 
-__all__ = ["PluginSite", "ToyDecoder", "kv_decoder_methods"]
+__all__ = ["NamedDataStub", "PluginSite", "ToyDecoder", "kv_decoder_methods"]
+
+
+class NamedDataStub:
+    """Named data for calling a runtime binding's ``init`` directly (tests, benchmarks): key -> buffer."""
+
+    def __init__(self, entries: dict[str, memoryview]) -> None:
+        self.entries = entries
+
+    def get(self, key: str) -> memoryview:
+        if key not in self.entries:
+            from etsdk.errors import ProgramError
+
+            raise ProgramError(f"named data '{key}' is missing")
+        return self.entries[key]
+
+    def keys(self) -> list[str]:
+        return list(self.entries)
 
 
 def __getattr__(name: str):  # torch-dependent helpers load lazily

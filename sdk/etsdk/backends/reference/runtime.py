@@ -158,16 +158,6 @@ _IN_PLACE = {
 }
 
 
-def _has_ref(value: Any) -> bool:
-    if isinstance(value, _Ref):
-        return True
-    if isinstance(value, list):
-        return any(_has_ref(v) for v in value)
-    if isinstance(value, dict):
-        return any(_has_ref(v) for v in value.values())
-    return False
-
-
 def _materialise(value: Any, slots: list[Any]) -> Any:
     if isinstance(value, _Ref):
         return slots[value.slot]
@@ -183,7 +173,7 @@ def _argument_getter(value: Any) -> Callable[[list[Any]], Any]:
     if isinstance(value, _Ref):
         slot = value.slot
         return lambda slots: slots[slot]
-    if not _has_ref(value):
+    if not _refs(value):
         return lambda slots: value
     return lambda slots: _materialise(value, slots)
 
