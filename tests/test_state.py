@@ -194,6 +194,19 @@ def test_runtime_owned_state_is_per_session_and_reset() -> None:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised where CUDA is absent")
+def test_record_for_a_cuda_export_conforms_but_needs_a_device() -> None:
+    from etsdk.contract import Contract
+    from etsdk.core_plugin import CONTRACTS_DIR
+
+    spec = Contract.from_bytes((CONTRACTS_DIR / "kv_decoder" / "1.json").read_bytes())
+    record = kv_decoder_contract(ToyDecoder(), T).with_state_device("cuda")
+    assert {s.device for s in record.states} == {"cuda"}
+    record.check_conforms_to(spec)  # where storage lives is not part of the contract
+    with pytest.raises(StateError, match="must live on cuda"):
+        Session(record)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised where CUDA is absent")
 def test_state_on_a_missing_device_is_refused() -> None:
     from etsdk.contract import Contract, MethodSpec, Role, StateSpec
 

@@ -180,6 +180,14 @@ class Contract:
                 return s
         raise ContractError(f"contract '{self.name}' declares no state '{name}'")
 
+    def with_state_device(self, device: str) -> Contract:
+        """The same record with every state stored on ``device`` (e.g. ``"cuda"`` for a CUDA export).
+
+        Where storage lives is chosen at export for the backend's device; it is not
+        part of the contract, so records on any device conform to one specification.
+        """
+        return replace(self, states=tuple(replace(s, device=device) for s in self.states))
+
     @property
     def is_bound(self) -> bool:
         return all(isinstance(v, int) for v in self.dims.values()) and not any(
