@@ -215,3 +215,28 @@ def test_state_on_a_missing_device_is_refused() -> None:
     )
     with pytest.raises(StateError, match="must live on cuda, but no CUDA device is available"):
         Session(contract)
+
+
+def test_reference_backend_updates_caches_in_place_not_by_copy(model: ToyDecoder, tmp_path: Path) -> None:
+    """The functional index_put of each cache runs as index_put_ on the session storage: no copy per step."""
+    from etsdk.backends.reference.runtime import ReferenceBinding
+
+    from tests.backends import make_backend_plugin
+
+    handles: list[object] = []
+
+    class Recording(ReferenceBinding):
+        def init(self, context: object) -> object:
+            handle = super().init(context)  # type: ignore[arg-type]
+            handles.append(handle)
+            return handle
+
+    etsdk.register_plugin(make_backend_plugin("EtsdkInPlaceProbeBackend", Recording), "in-place-probe")
+    backend = "EtsdkInPlaceProbeBackend"
+    methods = kv_decoder_methods(model, T, prefill_backends=(backend,), decode_backends=(backend,))
+    etsdk.lower(methods, contract=kv_decoder_contract(model, T)).save(tmp_path / "p.pte")
+    program = etsdk.load(tmp_path / "p.pte")
+    program.load_method("decode")
+    (handle,) = handles
+    assert handle._program.in_place == {"k0", "v0", "k1", "v1"}  # type: ignore[attr-defined]
+    assert handle._copy_updates == ()  # type: ignore[attr-defined]
