@@ -31,7 +31,7 @@ from typing import Any
 
 from etsdk.bridge import ensure_registered, loading_method, pop_delegate_error, runtime_backend_names
 from etsdk.contract import Contract, ContractError
-from etsdk.errors import BackendNotFoundError, EtsdkError, ProgramError
+from etsdk.errors import BackendNotFoundError, ProgramError
 from etsdk.signature import PROGRAM_RECORD_KEY, ProgramRecord
 from etsdk.state import Session, StateError
 
@@ -264,8 +264,6 @@ def load(path: str | Path, data: str | Path | None = None) -> Program:
         )
     except (RuntimeError, ValueError) as exc:
         raise ProgramError(f"the ExecuTorch runtime refused {path}: {exc}") from exc
-    except EtsdkError:
-        raise
     program = Program(path, data_path, native, backends, record)
     if record is not None and record.contract is not None:
         _check_engine_io(program, record.contract)

@@ -108,7 +108,6 @@ def parts(exported: dict[str, Path]) -> dict[str, Any]:
     constants = json.loads(bytes(BlobReader(payload, known_features={BLOB_FEATURE}).section("constants")))
     import mmap
 
-    from executorch.extension.pybindings.portable_lib import _load_for_executorch  # noqa: F401  (keeps the wheel's libs loaded)
 
     f = exported["ptd"].open("rb")
     mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
