@@ -10,13 +10,21 @@ import etsdk
 from etsdk.backends.reference.runtime import ReferenceBinding
 
 
-def make_backend_plugin(backend_id: str, binding: Callable[[], Any], *, module_name: str | None = None) -> types.ModuleType:
-    """A plugin module providing ``backend_id`` with the reference partitioner/serializer and ``binding``."""
+def make_backend_plugin(
+    backend_id: str, binding: Callable[[], Any], *, module_name: str | None = None, state_device: str | None = None
+) -> types.ModuleType:
+    """A plugin module providing ``backend_id`` with the reference partitioner/serializer and ``binding``.
+
+    ``state_device``: the partitioner asks for caller-owned state on that device.
+    """
 
     def partitioner(**options: Any) -> Any:
         from etsdk.backends.reference.partitioner import ReferencePartitioner
 
-        return ReferencePartitioner(backend_id=backend_id, **options)
+        made = ReferencePartitioner(backend_id=backend_id, **options)
+        if state_device is not None:
+            made.state_device = state_device  # type: ignore[attr-defined]
+        return made
 
     def preprocess(edge_program: Any, compile_specs: Any) -> Any:
         from etsdk.backends.reference.serializer import preprocess as reference_preprocess

@@ -14,6 +14,7 @@ import etsdk
 import pytest
 import torch
 from etsdk.backends.reference import BACKEND_ID
+from etsdk.errors import ExportError
 from etsdk.state import Session, StateError, current_session
 from etsdk.testing.toy_decoder import ToyDecoder, kv_decoder_contract, kv_decoder_methods
 
@@ -240,3 +241,29 @@ def test_reference_backend_updates_caches_in_place_not_by_copy(model: ToyDecoder
     (handle,) = handles
     assert handle._program.in_place == {"k0", "v0", "k1", "v1"}  # type: ignore[attr-defined]
     assert handle._copy_updates == ()  # type: ignore[attr-defined]
+
+
+def test_lower_records_the_state_device_its_backends_ask_for(model: ToyDecoder, tmp_path: Path) -> None:
+    from etsdk.backends.reference.runtime import ReferenceBinding
+
+    from tests.backends import make_backend_plugin
+
+    etsdk.register_plugin(make_backend_plugin("EtsdkCudaStateBackend", ReferenceBinding, state_device="cuda"), "cuda-state")
+    methods = kv_decoder_methods(model, T, prefill_backends=("EtsdkCudaStateBackend",), decode_backends=("EtsdkCudaStateBackend",))
+    etsdk.lower(methods, contract=kv_decoder_contract(model, T)).save(tmp_path / "cuda_state.pte")
+    program = etsdk.load(tmp_path / "cuda_state.pte")
+    assert program.contract is not None and {s.device for s in program.contract.states} == {"cuda"}
+    if not torch.cuda.is_available():
+        with pytest.raises(StateError, match="must live on cuda"):
+            program.new_session()
+
+
+def test_backends_disagreeing_on_the_state_device_fail_export(model: ToyDecoder) -> None:
+    from etsdk.backends.reference.runtime import ReferenceBinding
+
+    from tests.backends import make_backend_plugin
+
+    etsdk.register_plugin(make_backend_plugin("EtsdkCudaStateBackend2", ReferenceBinding, state_device="cuda"), "cuda-state-2")
+    methods = kv_decoder_methods(model, T, prefill_backends=("EtsdkCudaStateBackend2",), decode_backends=("EtsdkReferenceBackend",))
+    with pytest.raises(ExportError, match="different devices"):
+        etsdk.lower(methods, contract=kv_decoder_contract(model, T))

@@ -245,6 +245,7 @@ def lower(
     exported: dict[str, Any] = {}
     partitioners: dict[str, list[Any]] = {}
     passes: list[Any] = []
+    state_devices: set[str] = set()  # where the partitioners that take state want its storage
     for name, source in methods.items():
         _progress(f"tracing '{name}'", quiet, started)
         try:
@@ -265,6 +266,8 @@ def lower(
             backend_details_class(backend_id)
             inner = spec.partitioner(**dict(source.partitioner_options.get(backend_id, {})))
             partitioners[name].append(_StateTagging(inner, source.state, name).partitioner if source.state else inner)
+            if source.state:
+                state_devices.add(str(getattr(inner, "state_device", "cpu")))
             for p in edge_transform_passes(backend_id):
                 if p not in passes:
                     passes.append(p)
@@ -272,6 +275,8 @@ def lower(
         missing = [m.name for m in contract.methods if m.name not in methods]
         if missing:
             raise ExportError(f"contract '{contract.name}' needs method(s) {', '.join(missing)} that were not given")
+    if contract is not None and contract.states:
+        contract = _with_state_device(contract, state_devices)
     _progress("lowering to edge and partitioning", quiet, started)
     _progress_state.value = (quiet, started)
     try:
@@ -316,6 +321,17 @@ def lower(
     manager = edge.to_executorch(ExecutorchBackendConfig(extract_delegate_segments=True))
     _progress("ready to write", quiet, started)
     return Lowered(manager, quiet=quiet)
+
+
+def _with_state_device(contract: Any, devices: set[str]) -> Any:
+    """The record with state stored where the backends taking it run (a partitioner's ``state_device``)."""
+    if len(devices) > 1:
+        raise ExportError(
+            f"contract '{contract.name}': the backends sharing its state want it on different devices "
+            f"({', '.join(sorted(devices))}); one session storage cannot live on all of them"
+        )
+    device = next(iter(devices), "cpu")
+    return contract if device == "cpu" else contract.with_state_device(device)
 
 
 def _version() -> str:

@@ -46,6 +46,11 @@ class AotiPartitioner(Partitioner):
             specs.append(CompileSpec(EXTERNAL_DATA_SPEC, external_data.encode()))
         self.delegation_spec = DelegationSpec(BACKEND_ID, specs)
 
+    @property
+    def state_device(self) -> str:
+        """Where caller-owned state must live for this partition (the core sizes sessions there)."""
+        return "cuda" if self.device.startswith("cuda") else "cpu"
+
     def partition(self, exported_program: torch.export.ExportedProgram) -> PartitionResult:
         candidates = set(get_non_lowered_nodes(exported_program.graph))
         partitioner = CapabilityBasedPartitioner(
@@ -59,3 +64,14 @@ class AotiPartitioner(Partitioner):
                 node.meta["delegation_tag"] = tag
         tag_constant_data(exported_program)
         return PartitionResult(tagged_exported_program=exported_program, partition_tags=tags)
+
+    def ops_to_not_decompose(self, ep: torch.export.ExportedProgram) -> tuple[list[Any], None]:
+        """Keep every ATen operator whole: AOTInductor lowers them itself, and better undecomposed.
+
+        Edge lowering would otherwise split ``linear`` into ``permute_copy`` + ``mm`` and
+        ``scaled_dot_product_attention`` into ``bmm`` / ``softmax`` / masking, which
+        Inductor then has to fuse back (or cannot: its fused attention kernel needs the
+        SDPA node).
+        """
+        keep = {n.target for n in ep.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)}
+        return sorted(keep, key=str), None

@@ -214,3 +214,30 @@ def test_missing_library_is_a_clear_export_error(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(torch._inductor, "aot_compile", lambda *a, **k: ["/tmp/x.wrapper.cpp", "/tmp/x.kernel.cpp"])
     with pytest.raises(etsdk.ExportError, match="produced 0 compiled libraries .* it produced: /tmp/x.wrapper.cpp, /tmp/x.kernel.cpp"):
         etsdk.lower(module=model, example_inputs=(X,), backend=BACKEND_ID, partitioner_options={"device": "cpu"})
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, q: torch.Tensor) -> torch.Tensor:
+        x = self.proj(q)
+        return torch.nn.functional.scaled_dot_product_attention(x, x, x, is_causal=True)
+
+
+def test_partitioner_keeps_linear_and_attention_whole_for_inductor() -> None:
+    from etsdk_aoti.partitioner import AotiPartitioner
+
+    ep = torch.export.export(_Attention(), (torch.randn(1, 2, 4, 8),))
+    keep, check = AotiPartitioner(device="cpu").ops_to_not_decompose(ep)
+    assert check is None
+    assert torch.ops.aten.linear.default in keep
+    assert torch.ops.aten.scaled_dot_product_attention.default in keep
+
+
+def test_partitioner_asks_for_state_on_its_device() -> None:
+    from etsdk_aoti.partitioner import AotiPartitioner
+
+    assert AotiPartitioner(device="cpu").state_device == "cpu"
+    assert AotiPartitioner(device="cuda:0").state_device == "cuda"  # constructing needs no GPU
