@@ -39,7 +39,9 @@ from etsdk.registry import (
     register_contracts,
     register_plugin,
     reset_registry,
+    resolve_backend_id,
 )
+from etsdk.generation import ExportRequest, GenerationError, GenerationResult, Sampling
 
 if TYPE_CHECKING:
     from etsdk.bridge import InitContext, NamedData
@@ -109,6 +111,11 @@ __all__ = [
     "get_backend",
     "get_contract",
     "get_runner",
+    "resolve_backend_id",
+    "ExportRequest",
+    "GenerationError",
+    "GenerationResult",
+    "Sampling",
     "hookimpl",
     "list_plugins",
     "load",

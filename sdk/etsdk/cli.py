@@ -3,6 +3,8 @@
 ``etsdk plugins [--json]``   what is installed, and whether it can run here
 ``etsdk doctor``             versions, and build the native bridge ahead of time
 ``etsdk demo``               export a small model through a backend and run it
+``etsdk export``             export a model into a contract's programs (the plugin owning the contract does it)
+``etsdk generate``           generate tokens with a program, through the runner registered for its contract
 ``etsdk --version``
 """
 
@@ -62,6 +64,86 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(out_dir=args.out_dir, backend=args.backend)
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from etsdk.generation import ExportRequest
+    from etsdk.registry import get_runner
+
+    spec = get_runner(args.contract)
+    if spec.exporter is None:
+        raise EtsdkError(f"the runner for contract '{args.contract}' cannot export models")
+    method_backends = {m: b for m, b in (("prefill", args.prefill_backend), ("decode", args.decode_backend)) if b}
+    sizes = {k: v for k, v in (("T", args.prefill_length), ("S", args.context_length)) if v is not None}
+    request = ExportRequest(
+        model=args.model,
+        output=Path(args.output),
+        backend=args.backend,
+        method_backends=method_backends,
+        sizes=sizes,
+        external_data=args.external_data,
+        quiet=args.quiet,
+    )
+    for path in spec.exporter(request):
+        print(path)
+    return 0
+
+
+def _parse_ids(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.replace(" ", "").split(",") if part]
+    except ValueError:
+        raise EtsdkError(f"--prompt-ids takes comma-separated integers, found {text!r}") from None
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from etsdk.generation import Sampling
+    from etsdk.program import load
+    from etsdk.registry import get_runner
+
+    from pathlib import Path
+
+    data = args.data
+    if data is None and Path(args.program).with_suffix(".ptd").is_file():
+        data = Path(args.program).with_suffix(".ptd")
+    program = load(args.program, data=data)
+    contract = program.contract
+    if contract is None:
+        raise EtsdkError(f"{args.program} embeds no contract; etsdk generate needs a program exported for one")
+    spec = get_runner(contract.name)
+    if contract.version not in spec.versions:
+        raise EtsdkError(
+            f"{args.program} follows {contract.name} v{contract.version}; the installed runner drives "
+            f"version(s) {', '.join(map(str, spec.versions))}"
+        )
+    runner = spec.factory(program)
+    if (args.prompt is None) == (args.prompt_ids is None):
+        raise EtsdkError("give exactly one of --prompt TEXT or --prompt-ids 1,2,3")
+    prompt_ids = runner.encode(args.prompt) if args.prompt is not None else _parse_ids(args.prompt_ids)
+    sampling = Sampling(temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    streamed: list[int] = []
+
+    def stream(token: int) -> None:
+        streamed.append(token)
+        if not args.json:
+            text = runner.decode_text(streamed)
+            previous = runner.decode_text(streamed[:-1])
+            print(text[len(previous):] if text.startswith(previous) else f" {token}", end="", flush=True)
+
+    if not args.json and args.prompt is not None:
+        print(args.prompt, end="", flush=True)
+    result = runner.generate(prompt_ids, max_new_tokens=args.max_new_tokens, sampling=sampling, on_token=stream)
+    if args.json:
+        print(json.dumps(result.to_json()))
+    else:
+        print()
+        print(
+            f"[{len(result.prompt_ids)} prompt tokens, {len(result.token_ids)} generated ({result.stopped}); "
+            f"prefill {result.prefill_ms:.1f} ms; decode {result.decode_tokens_per_s:.1f} tokens/s]"
+        )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="etsdk", description="Pluggable ExecuTorch backends.")
     parser.add_argument("--version", action="version", version=f"etsdk {__version__}")
@@ -76,6 +158,31 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out-dir", default=None, help="where to write the .pte (default: a temporary directory)")
     demo.add_argument("--backend", default="EtsdkReferenceBackend")
     demo.set_defaults(func=_cmd_demo)
+
+    export = sub.add_parser("export", help="export a model into a contract's programs (.pte, .ptd)")
+    export.add_argument("--model", required=True, help="a transformers model directory")
+    export.add_argument("-o", "--output", required=True, help="the .pte to write")
+    export.add_argument("--contract", default="hf_static", help="the contract to export for (default: hf_static)")
+    export.add_argument("--backend", default="aoti", help="backend for every method: an id or a short name (aoti)")
+    export.add_argument("--prefill-backend", default=None, help="backend for the prefill method only")
+    export.add_argument("--decode-backend", default=None, help="backend for the decode method only")
+    export.add_argument("--prefill-length", type=int, default=None, help="tokens per prefill call (T)")
+    export.add_argument("--context-length", type=int, default=None, help="cache rows (S)")
+    export.add_argument("--external-data", action="store_true", help="weights in a .ptd beside the .pte")
+    export.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    export.set_defaults(func=_cmd_export)
+
+    generate = sub.add_parser("generate", help="generate with a program through its contract's runner")
+    generate.add_argument("program", help="the .pte")
+    generate.add_argument("--data", default=None, help="its .ptd (default: <stem>.ptd beside the .pte, if there is one)")
+    generate.add_argument("--prompt", default=None, help="text (needs the tokenizer saved at export)")
+    generate.add_argument("--prompt-ids", default=None, help="comma-separated token ids")
+    generate.add_argument("--max-new-tokens", type=int, default=32)
+    generate.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
+    generate.add_argument("--top-p", type=float, default=1.0)
+    generate.add_argument("--seed", type=int, default=None)
+    generate.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    generate.set_defaults(func=_cmd_generate)
     return parser
 
 

@@ -20,5 +20,11 @@ def etsdk_register_contracts() -> list[ContractSpec]:
             version=1,
             path=CONTRACTS_DIR / "kv_decoder" / "1.json",
             description="prefill / decode over per-layer caller-owned key/value caches, logits last",
-        )
+        ),
+        ContractSpec(
+            name="hf_static",
+            version=1,
+            path=CONTRACTS_DIR / "hf_static" / "1.json",
+            description="Hugging Face causal LM over a static cache: prefill (T) / decode (1), masks, counters",
+        ),
     ]

@@ -101,8 +101,16 @@ class ContractSpec:
 
 @dataclass(frozen=True, slots=True)
 class RunnerSpec:
-    """A runner / IO manager for one contract: ``factory(program, **options)``."""
+    """A runner / IO manager for one contract: ``factory(program, **options)``.
+
+    ``versions``: the contract versions the runner drives. ``exporter(request)``
+    (optional) builds programs that follow the contract from a source model, for
+    ``etsdk export``; it takes an :class:`etsdk.generation.ExportRequest` and
+    returns the paths written.
+    """
 
     contract: str
     factory: Callable[..., Any]
     versions: tuple[int, ...] = field(default=(1,))
+    exporter: Callable[..., Any] | None = None
+    description: str = ""

@@ -48,6 +48,7 @@ __all__ = [
     "register_contracts",
     "register_plugin",
     "reset_registry",
+    "resolve_backend_id",
 ]
 
 
@@ -299,6 +300,18 @@ def get_runner(contract: str) -> RunnerSpec:
     if found is None:
         raise EtsdkError(_not_found("a runner for contract", contract, list(reg.runners)))
     return found[1]
+
+
+def resolve_backend_id(name: str) -> str:
+    """A backend id from what a user types: the id itself, or its short name (``aoti`` for ``EtsdkAotiBackend``)."""
+    reg = _get()
+    if name in reg.backends:
+        return name
+    wanted = name.lower().replace("-", "").replace("_", "")
+    matches = [b for b in reg.backends if b.lower() in (wanted, f"etsdk{wanted}backend", f"{wanted}backend")]
+    if len(matches) == 1:
+        return matches[0]
+    raise BackendNotFoundError(_not_found("backend", name, sorted(reg.backends)), backend_id=name)
 
 
 def edge_transform_passes(backend_id: str) -> list[Callable[..., Any]]:

@@ -1,18 +1,40 @@
-"""Registration of etsdk-hf-static.
+"""Registration of etsdk-hf-static (imports nothing heavy).
 
-This release is a registration shell: it installs, is discovered through the
-``etsdk.plugins`` entry point and registers nothing yet. The hf_static contract
-and its runner land with the hf_static issue.
+The ``hf_static`` v1 contract itself is data shipped with the core
+(``contracts/hf_static/1.json``); this plugin provides its runner and its
+exporter (``etsdk generate`` / ``etsdk export``).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from etsdk import hookimpl
-from etsdk.registration import ContractSpec
+from etsdk.registration import RunnerSpec
 
 ETSDK_PLUGIN_API = ">=1,<2"
 
 
+def _runner(program: Any, **options: Any) -> Any:
+    from etsdk_hf_static.runner import HfStaticRunner
+
+    return HfStaticRunner.from_program(program, **options)
+
+
+def _exporter(request: Any) -> Any:
+    from etsdk_hf_static.export import export_request
+
+    return export_request(request)
+
+
 @hookimpl
-def etsdk_register_contracts() -> list[ContractSpec]:
-    return []
+def etsdk_register_runners() -> list[RunnerSpec]:
+    return [
+        RunnerSpec(
+            contract="hf_static",
+            factory=_runner,
+            versions=(1,),
+            exporter=_exporter,
+            description="Hugging Face static-cache causal LMs: export, prefill/decode IO manager, sampling",
+        )
+    ]

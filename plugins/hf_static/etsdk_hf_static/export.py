@@ -1,0 +1,205 @@
+"""Export a transformers causal LM as an hf_static v1 program: ``prefill`` (T tokens) and ``decode`` (1).
+
+Both methods trace one :class:`~etsdk_hf_static.module.StaticCausalLM`, so they
+share its cache buffers, which become the program's caller-owned state (one
+storage per session, written by whichever backend runs the method). Each method
+may go to its own backend (prefill on one, decode on another).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import etsdk
+from etsdk.contract import Contract
+from etsdk.errors import ExportError
+from etsdk.generation import ExportRequest
+from etsdk.lowering import MethodSource
+
+from etsdk_hf_static.metadata import CONTRACT_NAME, HfStaticMetadata
+from etsdk_hf_static.module import StaticCausalLM, causal_mask, state_fqns
+
+__all__ = ["DEFAULT_CONTEXT_LENGTH", "DEFAULT_PREFILL_LENGTH", "export", "export_request", "tokenizer_dir"]
+
+DEFAULT_PREFILL_LENGTH = 8
+DEFAULT_CONTEXT_LENGTH = 128
+METHODS = ("prefill", "decode")
+
+
+def tokenizer_dir(program_path: str | Path) -> Path:
+    """Where export saves the model's tokenizer beside ``model.pte``: ``model.tokenizer/``."""
+    path = Path(program_path)
+    return path.with_name(path.stem + ".tokenizer")
+
+
+def _load_model(model: Any, quiet: bool) -> tuple[Any, Path | None]:
+    if not isinstance(model, (str, Path)):
+        return model, None
+    directory = Path(model)
+    if not (directory / "config.json").is_file():
+        raise ExportError(f"{directory} is not a transformers model directory (no config.json)")
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    _say(f"loading {directory}", quiet)
+    try:
+        loaded = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    except (OSError, ValueError) as exc:
+        raise ExportError(f"transformers could not load a causal LM from {directory}: {exc}") from exc
+    return loaded.eval(), directory
+
+
+def _say(text: str, quiet: bool) -> None:
+    if not quiet:
+        print(f"etsdk-hf-static: {text}", file=sys.stderr, flush=True)
+
+
+def _eos_ids(model: Any) -> tuple[int, ...]:
+    found: list[int] = []
+    for source in (getattr(model, "generation_config", None), model.config):
+        value = getattr(source, "eos_token_id", None) if source is not None else None
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(item, int) and item not in found:
+                found.append(item)
+    return tuple(found)
+
+
+def metadata_for(model: Any, prefill_length: int, context_length: int) -> HfStaticMetadata:
+    """The metadata record of ``model`` exported with T = ``prefill_length`` and S = ``context_length``."""
+    config = model.config.get_text_config()
+    heads = config.num_attention_heads
+    if prefill_length <= 0 or context_length <= 0:
+        raise ExportError(f"prefill length and context length must be positive, found T={prefill_length}, S={context_length}")
+    if prefill_length > context_length:
+        raise ExportError(f"prefill length T={prefill_length} exceeds the context length S={context_length}")
+    limit = getattr(config, "max_position_embeddings", None)
+    if isinstance(limit, int) and context_length > limit:
+        raise ExportError(f"context length S={context_length} exceeds the model's max_position_embeddings ({limit})")
+    bos = getattr(config, "bos_token_id", None)
+    return HfStaticMetadata(
+        context_length=context_length,
+        prefill_length=prefill_length,
+        vocab_size=config.vocab_size,
+        layers=config.num_hidden_layers,
+        kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+        head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+        eos_ids=tuple(e for e in _eos_ids(model) if 0 <= e < config.vocab_size),
+        architecture=type(model).__name__,
+        bos_id=bos if isinstance(bos, int) and 0 <= bos < config.vocab_size else None,
+    )
+
+
+def _contract(meta: HfStaticMetadata) -> Contract:
+    spec_file = etsdk.get_contract(CONTRACT_NAME, 1)
+    spec = Contract.from_bytes(spec_file.path.read_bytes(), where=str(spec_file.path))
+    return meta.attach(spec.bind(**meta.dims))
+
+
+def method_sources(
+    model: Any, meta: HfStaticMetadata, backends: Mapping[str, str], options: Mapping[str, Mapping[str, Any]] | None = None
+) -> dict[str, MethodSource]:
+    """The two method sources over one static-cache wrapper of ``model``."""
+    import torch
+
+    wrapper = StaticCausalLM(model, meta.context_length).eval()
+    state = state_fqns(meta.layers)
+    sources = {}
+    for name, rows in (("prefill", meta.prefill_length), ("decode", 1)):
+        example = (
+            torch.zeros(1, rows, dtype=torch.long),
+            torch.arange(rows),
+            causal_mask(0, rows, rows, meta.context_length),
+        )
+        backend = backends[name]
+        sources[name] = MethodSource(
+            wrapper, example, (backend,), {backend: dict((options or {}).get(backend, {}))}, strict=True, state=state
+        )
+    return sources
+
+
+def export(
+    model: Any,
+    output: str | Path,
+    *,
+    backend: str = "aoti",
+    prefill_backend: str | None = None,
+    decode_backend: str | None = None,
+    prefill_length: int = DEFAULT_PREFILL_LENGTH,
+    context_length: int = DEFAULT_CONTEXT_LENGTH,
+    external_data: bool = False,
+    partitioner_options: Mapping[str, Mapping[str, Any]] | None = None,
+    quiet: bool = False,
+) -> list[Path]:
+    """Export ``model`` (a transformers model directory or a ``*ForCausalLM`` object) to ``output``.
+
+    Writes the ``.pte`` (and ``<stem>.ptd`` with ``external_data``), plus the
+    tokenizer in ``<stem>.tokenizer/`` when the model directory has one. Backends
+    are ids or short names (``aoti``, ``reference``). Returns the paths written.
+    """
+    import torch
+
+    started = time.perf_counter()
+    output = Path(output)
+    loaded, directory = _load_model(model, quiet)
+    meta = metadata_for(loaded, prefill_length, context_length)
+    chosen = {
+        "prefill": etsdk.resolve_backend_id(prefill_backend or backend),
+        "decode": etsdk.resolve_backend_id(decode_backend or backend),
+    }
+    options: dict[str, dict[str, Any]] = {b: dict((partitioner_options or {}).get(b, {})) for b in set(chosen.values())}
+    if external_data:
+        for opts in options.values():
+            opts.setdefault("external_data", output.stem)
+    _say(
+        f"{meta.architecture or type(loaded).__name__}: {meta.layers} layers, vocab {meta.vocab_size}, "
+        f"T={meta.prefill_length}, S={meta.context_length}; prefill -> {chosen['prefill']}, decode -> {chosen['decode']}",
+        quiet,
+    )
+    with torch.no_grad():
+        sources = method_sources(loaded, meta, chosen, options)
+        lowered = etsdk.lower(sources, contract=_contract(meta), quiet=quiet)
+    written = lowered.save(output)
+    if directory is not None:
+        written += _save_tokenizer(directory, output, quiet)
+    _say(f"done in {time.perf_counter() - started:.1f}s: {', '.join(str(p) for p in written)}", quiet)
+    return written
+
+
+def _save_tokenizer(directory: Path, output: Path, quiet: bool) -> list[Path]:
+    if not any((directory / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return []
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(directory)
+    except (OSError, ValueError) as exc:
+        _say(f"tokenizer in {directory} not saved ({exc}); use --prompt-ids with etsdk generate", quiet)
+        return []
+    target = tokenizer_dir(output)
+    tokenizer.save_pretrained(target)
+    return [target]
+
+
+def export_request(request: ExportRequest) -> list[Path]:
+    """``etsdk export`` entry point (the runner spec's ``exporter``)."""
+    unknown = sorted(set(request.method_backends) - set(METHODS))
+    if unknown:
+        raise ExportError(f"hf_static has methods {', '.join(METHODS)}; no method {', '.join(unknown)}")
+    unknown_sizes = sorted(set(request.sizes) - {"T", "S"})
+    if unknown_sizes:
+        raise ExportError(f"hf_static takes sizes T (prefill length) and S (context length), not {', '.join(unknown_sizes)}")
+    return export(
+        request.model,
+        request.output,
+        backend=request.backend,
+        prefill_backend=request.method_backends.get("prefill"),
+        decode_backend=request.method_backends.get("decode"),
+        prefill_length=request.sizes.get("T", DEFAULT_PREFILL_LENGTH),
+        context_length=request.sizes.get("S", DEFAULT_CONTEXT_LENGTH),
+        external_data=request.external_data,
+        quiet=request.quiet,
+    )

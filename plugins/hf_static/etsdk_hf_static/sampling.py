@@ -1,0 +1,35 @@
+"""Choosing the next token from a row of logits: greedy, temperature, top-p (nucleus), seeded."""
+
+from __future__ import annotations
+
+import torch
+from etsdk.generation import GenerationError, Sampling
+
+__all__ = ["choose", "generator_for"]
+
+
+def generator_for(sampling: Sampling) -> torch.Generator | None:
+    """A CPU generator seeded from ``sampling.seed`` (None for greedy decoding)."""
+    if sampling.greedy:
+        return None
+    generator = torch.Generator()
+    if sampling.seed is not None:
+        generator.manual_seed(sampling.seed)
+    else:
+        generator.seed()
+    return generator
+
+
+def choose(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None) -> int:
+    """The next token id from ``logits`` (shape ``[V]``); NaN or infinite logits are an error, not a token."""
+    if not bool(torch.isfinite(logits).all()):
+        raise GenerationError("the model produced non-finite logits (NaN or inf); refusing to pick a token")
+    if sampling.greedy:
+        return int(torch.argmax(logits))
+    probs = torch.softmax(logits.float() / sampling.temperature, dim=-1)
+    if sampling.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        sorted_probs[before >= sampling.top_p] = 0.0  # keeps the first token that crosses top_p
+        probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+    return int(torch.multinomial(probs, 1, generator=generator))
