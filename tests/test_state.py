@@ -267,3 +267,49 @@ def test_backends_disagreeing_on_the_state_device_fail_export(model: ToyDecoder)
     methods = kv_decoder_methods(model, T, prefill_backends=("EtsdkCudaStateBackend2",), decode_backends=("EtsdkReferenceBackend",))
     with pytest.raises(ExportError, match="different devices"):
         etsdk.lower(methods, contract=kv_decoder_contract(model, T))
+
+
+class _Counter(torch.nn.Module):
+    """Output and update depend on the state and constants only: the pattern a compiler may fold."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("count", torch.zeros((), dtype=torch.long))
+        self.register_buffer("scale", torch.ones(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.count.add_(1)
+        return x * self.scale + self.count
+
+
+@pytest.mark.parametrize("backend", STATEFUL_BACKENDS)
+def test_state_is_read_at_run_time_never_folded_at_compile_time(backend: str, tmp_path: Path) -> None:
+    """AOTInductor treats state buffers as constants; folding ``count + 1`` baked the example value (0) into the
+    library, so every call returned 1 whatever the session held. Fixed by turning Inductor's constant folding off."""
+    import json
+
+    from etsdk.contract import Contract
+    from etsdk.lowering import MethodSource
+
+    spec = {
+        "format": "etsdk.contract", "format_version": [1, 0], "name": "test_counter", "version": 1,
+        "required_features": ["state.caller_owned", "alias.user"], "dims": {},
+        "states": [{"name": "n", "role": "counter", "dtype": "int64", "shape": []}],
+        "methods": {"forward": {
+            "inputs": [{"name": "x", "role": "user", "dtype": "float32", "shape": [4]},
+                       {"name": "n_in", "role": "counter", "dtype": "int64", "shape": [], "state": "n"}],
+            "outputs": [{"name": "n_out", "role": "counter", "dtype": "int64", "shape": [],
+                         "alias": {"input": "n_in", "kind": "user", "ownership": "caller", "state": "n"}},
+                        {"name": "y", "role": "user", "dtype": "float32", "shape": [4]}]}},
+    }
+    (tmp_path / "counter.json").write_text(json.dumps(spec))
+    etsdk.register_contracts([etsdk.ContractSpec("test_counter", 1, tmp_path / "counter.json")], "counter-test")
+    options = {backend: {"device": "cpu"}} if backend == "EtsdkAotiBackend" else {}
+    source = MethodSource(_Counter(), (torch.zeros(4),), (backend,), options, state={"count": "n"})
+    etsdk.lower({"forward": source}, contract=Contract.from_json(spec).bind()).save(tmp_path / "counter.pte")
+    program = etsdk.load(tmp_path / "counter.pte")
+    session = program.new_session()
+    session.state["n"].fill_(5)
+    (y,) = program.run("forward", torch.zeros(4), session=session)
+    assert int(session.state["n"]) == 6
+    torch.testing.assert_close(y, torch.full((4,), 6.0))

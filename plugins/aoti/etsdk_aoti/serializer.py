@@ -43,6 +43,9 @@ INDUCTOR_OPTIONS = {
     "aot_inductor.package_constants_in_so": False,
     "aot_inductor.package_constants_on_disk_format": "pickle_weights",
     "max_autotune": False,
+    # State (caches, counters) reaches the compiled graph as buffers, i.e. constants to Inductor: folding
+    # "constant" subgraphs would bake the state's example value into the library (silently wrong output).
+    "joint_graph_constant_folding": False,
 }
 
 
