@@ -1,0 +1,75 @@
+"""Shared, expensive artifacts for the hf_static tests: each AOTInductor export happens once per run."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from etsdk_hf_static.export import export  # noqa: E402
+from etsdk_hf_static.runner import HfStaticRunner  # noqa: E402
+from etsdk_hf_static.tiny import save_tiny_model, tiny_model  # noqa: E402
+
+#: context length S, prefill length T, tokens generated per comparison. S is not a multiple of T, so a
+#: prompt of S-1-NEW tokens ends in a tail whose padded prefill would run past the context (decode path).
+S, T, NEW = 31, 8, 4
+PROMPT_LENGTHS = (1, T - 1, T, T + 1, 2 * T + 3, S - 1 - NEW)
+#: eager top-1 minus top-2 logit must exceed this for a token comparison to be meaningful (float32
+#: rounding between two correct implementations is ~1e-5 here; tiny_model spreads logits over units).
+MARGIN = 1e-2
+
+
+def hf_generate(model: Any, prompt: Sequence[int], new: int) -> tuple[list[int], float]:
+    """transformers' own greedy ``generate`` (eager): the generated ids and the smallest top-2 margin seen."""
+    ids = torch.tensor([list(prompt)])
+    with torch.no_grad():
+        out = model.generate(
+            ids, max_new_tokens=new, do_sample=False, eos_token_id=None, pad_token_id=0,
+            output_scores=True, return_dict_in_generate=True,
+        )
+    margins = [float(s[0].topk(2).values[0] - s[0].topk(2).values[1]) for s in out.scores]
+    return out.sequences[0, len(prompt):].tolist(), min(margins)
+
+
+def prompt_of(length: int, seed: int = 0) -> list[int]:
+    generator = torch.Generator().manual_seed(1000 + length + seed)
+    return torch.randint(3, 128, (length,), generator=generator).tolist()
+
+
+@pytest.fixture(scope="session")
+def models() -> dict[str, Any]:
+    return {"llama": tiny_model("llama", seed=0), "qwen2": tiny_model("qwen2", seed=1)}
+
+
+@pytest.fixture(scope="session")
+def exported(models: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """``exported(arch, prefill=..., decode=...)`` -> the .pte, exported once per combination."""
+    cache: dict[tuple[str, str, str], Path] = {}
+
+    def get(arch: str, prefill: str = "aoti", decode: str = "aoti") -> Path:
+        key = (arch, prefill, decode)
+        if key not in cache:
+            path = tmp_path_factory.mktemp(f"{arch}-{prefill}-{decode}") / "model.pte"
+            export(models[arch], path, prefill_backend=prefill, decode_backend=decode, prefill_length=T,
+                   context_length=S, partitioner_options={"EtsdkAotiBackend": {"device": "cpu"}}, quiet=True)
+            cache[key] = path
+        return cache[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def runner(exported: Callable[..., Path]) -> HfStaticRunner:
+    """The Llama program through AOTI (both methods)."""
+    return HfStaticRunner.from_file(exported("llama"))
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A transformers model directory (config, weights, tokenizer) written locally: no download."""
+    return save_tiny_model(tmp_path_factory.mktemp("tiny-llama") / "model", "llama", seed=0)

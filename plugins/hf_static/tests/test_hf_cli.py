@@ -1,0 +1,77 @@
+"""``etsdk export`` / ``etsdk generate`` end to end, in subprocesses, from a local model directory."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import MARGIN, S, T, hf_generate
+
+
+def _etsdk(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "etsdk", *args], capture_output=True, text=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def cli_pte(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("cli") / "tiny.pte"
+    result = _etsdk(
+        "export", "--model", str(model_dir), "--prefill-backend", "reference", "--decode-backend", "aoti",
+        "--prefill-length", str(T), "--context-length", str(S), "--external-data", "-o", str(out),
+    )
+    assert result.returncode == 0, result.stderr
+    for stage in ("loading", "tracing 'prefill'", "compiling", "writing"):
+        assert stage in result.stderr, f"no '{stage}' progress line"
+    assert {p.name for p in out.parent.iterdir()} == {"tiny.pte", "tiny.ptd", "tiny.tokenizer"}
+    return out
+
+
+def test_generate_json_equals_transformers(cli_pte: Path, model_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    result = _etsdk("generate", str(cli_pte), "--prompt-ids", "1,40,41,42", "--max-new-tokens", "5", "--json")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert set(out) >= {"prompt_ids", "token_ids", "prefill_ms", "decode_tokens_per_s"}
+    assert out["prompt_ids"] == [1, 40, 41, 42]
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    expected, margin = hf_generate(model, [1, 40, 41, 42], 5)
+    assert margin > MARGIN
+    eos = model.generation_config.eos_token_id
+    if eos in expected:  # the runner stops at EOS, transformers was told not to
+        expected = expected[: expected.index(eos) + 1]
+    assert out["token_ids"] == expected
+    assert out["prefill_ms"] > 0
+
+
+def test_generate_streams_text_with_the_saved_tokenizer(cli_pte: Path) -> None:
+    result = _etsdk("generate", str(cli_pte), "--prompt", "Hi there", "--max-new-tokens", "6")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert lines[0].startswith("Hi there")
+    assert "prefill" in lines[-1] and "tokens/s" in lines[-1]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["export", "--model", "/nonexistent/model", "-o", "x.pte"], "not a transformers model directory"),
+        (["export", "--model", ".", "--backend", "nosuch", "-o", "x.pte"], "backend 'nosuch'"),
+        (["generate", "/nonexistent.pte", "--prompt-ids", "1"], "program file not found"),
+    ],
+)
+def test_cli_errors_are_one_clear_line(args: list[str], message: str, tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    result = subprocess.run([sys.executable, "-m", "etsdk", *args], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert result.returncode == 2
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_generate_refuses_bad_ids_and_overflow(cli_pte: Path) -> None:
+    bad = _etsdk("generate", str(cli_pte), "--prompt-ids", "1,x")
+    assert bad.returncode == 2 and "comma-separated integers" in bad.stderr
+    too_long = _etsdk("generate", str(cli_pte), "--prompt-ids", ",".join(["5"] * S), "--max-new-tokens", "2")
+    assert too_long.returncode == 2 and f"context length S is {S}" in too_long.stderr
