@@ -144,12 +144,14 @@ def export(
 
     started = time.perf_counter()
     output = Path(output)
-    loaded, directory = _load_model(model, quiet)
-    meta = metadata_for(loaded, prefill_length, context_length)
-    chosen = {
+    chosen = {  # before loading anything: a mistyped backend fails fast
         "prefill": etsdk.resolve_backend_id(prefill_backend or backend),
         "decode": etsdk.resolve_backend_id(decode_backend or backend),
     }
+    for backend_id in set(chosen.values()):
+        etsdk.get_backend(backend_id, require_available=True)
+    loaded, directory = _load_model(model, quiet)
+    meta = metadata_for(loaded, prefill_length, context_length)
     options: dict[str, dict[str, Any]] = {b: dict((partitioner_options or {}).get(b, {})) for b in set(chosen.values())}
     if external_data:
         for opts in options.values():
