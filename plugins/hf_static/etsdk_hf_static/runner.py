@@ -143,21 +143,29 @@ def plan_prompt(position: int, tokens: Sequence[int], meta: HfStaticMetadata) ->
 
 
 class _MethodInputs:
-    """Pre-allocated engine inputs of one method, filled in place before each call."""
+    """Pre-allocated engine inputs of one method, filled in place before each call (a few small ops per step)."""
 
     def __init__(self, rows: int, context: int) -> None:
         self.rows = rows
         self.ids = torch.zeros(1, rows, dtype=torch.long)
         self.positions = torch.zeros(rows, dtype=torch.long)
         self.mask = torch.zeros(1, 1, rows, context, dtype=torch.bool)
-        self._context = context
+        self._columns = torch.arange(context).reshape(1, 1, 1, context)
+        self._rows = torch.arange(rows)
 
     def fill(self, step: Step) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Tokens (zero-padded), positions ``start ..``, and the mask of :func:`causal_mask`."""
         n = len(step.tokens)
-        self.ids.zero_()
-        self.ids[0, :n] = torch.tensor(step.tokens, dtype=torch.long)
-        torch.arange(step.start, step.start + self.rows, out=self.positions)
-        self.mask.copy_(causal_mask(step.start, n, self.rows, self._context))
+        if self.rows == 1:
+            self.ids[0, 0] = step.tokens[0]
+            self.positions[0] = step.start
+            torch.le(self._columns, step.start, out=self.mask)
+        else:
+            self.ids.zero_()
+            self.ids[0, :n] = torch.tensor(step.tokens, dtype=torch.long)
+            torch.add(self._rows, step.start, out=self.positions)
+            last = torch.clamp(self.positions, max=step.start + n - 1).reshape(1, 1, self.rows, 1)
+            torch.le(self._columns, last, out=self.mask)
         return self.ids, self.positions, self.mask
 
 
@@ -183,7 +191,7 @@ class Conversation:
         for counter in self._counters:
             counter.fill_(step.start)
         inputs = runner._inputs[step.method].fill(step)
-        outputs = runner.program.run(step.method, *inputs, session=self.session)
+        outputs = runner._methods[step.method].execute(inputs, session=self.session)
         self.position = step.start + len(step.tokens)
         return outputs[-1][0, len(step.tokens) - 1]
 
@@ -260,8 +268,7 @@ class HfStaticRunner:
     def __init__(self, program: Program, *, tokenizer: Any = None) -> None:
         self.program = program
         self.metadata = check_program(program.contract, {m: program.method_info(m) for m in program.methods})
-        for method in ("prefill", "decode"):
-            program.load_method(method)
+        self._methods = {method: program.load_method(method) for method in ("prefill", "decode")}
         self._inputs = {
             "prefill": _MethodInputs(self.metadata.prefill_length, self.metadata.context_length),
             "decode": _MethodInputs(1, self.metadata.context_length),

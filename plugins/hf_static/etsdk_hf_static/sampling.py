@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from etsdk.generation import GenerationError, Sampling
 
@@ -22,10 +24,14 @@ def generator_for(sampling: Sampling) -> torch.Generator | None:
 
 def choose(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None) -> int:
     """The next token id from ``logits`` (shape ``[V]``); NaN or infinite logits are an error, not a token."""
-    if not bool(torch.isfinite(logits).all()):
-        raise GenerationError("the model produced non-finite logits (NaN or inf); refusing to pick a token")
     if sampling.greedy:
-        return int(torch.argmax(logits))
+        # argmax propagates NaN (and picks +inf), so checking the chosen logit covers the whole row
+        token = int(torch.argmax(logits))
+        if not math.isfinite(float(logits[token])):
+            raise _non_finite()
+        return token
+    if not bool(torch.isfinite(logits).all()):
+        raise _non_finite()
     probs = torch.softmax(logits.float() / sampling.temperature, dim=-1)
     if sampling.top_p < 1.0:
         sorted_probs, order = torch.sort(probs, descending=True)
@@ -33,3 +39,7 @@ def choose(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator 
         sorted_probs[before >= sampling.top_p] = 0.0  # keeps the first token that crosses top_p
         probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
     return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def _non_finite() -> GenerationError:
+    return GenerationError("the model produced non-finite logits (NaN or inf); refusing to pick a token")

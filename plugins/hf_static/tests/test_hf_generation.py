@@ -169,3 +169,30 @@ def test_decode_observes_what_prefill_wrote(exported: Callable[..., Path]) -> No
     unwritten = runner.new_conversation()  # same call, a cache prefill never wrote
     without = unwritten.run_step(Step("decode", T, (9,), 1)).clone()
     assert not torch.allclose(after_prefill, without, atol=1e-3)
+
+
+@pytest.mark.parametrize(("start", "real", "rows"), [(0, 1, 1), (5, 1, 1), (0, T - 1, T), (3, T, T), (S - T, 2, T)])
+def test_in_place_inputs_match_the_mask_definition(start: int, real: int, rows: int) -> None:
+    from etsdk_hf_static.runner import _MethodInputs
+
+    inputs = _MethodInputs(rows, S)
+    for _ in range(2):  # a second fill over the first must not leave anything behind
+        ids, positions, mask = inputs.fill(Step("decode" if rows == 1 else "prefill", start, tuple(range(1, real + 1)), rows))
+    assert ids[0, :real].tolist() == list(range(1, real + 1)) and not ids[0, real:].any()
+    assert positions.tolist() == list(range(start, start + rows))
+    assert torch.equal(mask, causal_mask(start, real, rows, S))
+    assert mask.sum(-1).min() >= 1  # every row, padded ones too, sees at least one column
+
+
+@pytest.mark.parametrize("sampling", [Sampling(), Sampling(temperature=1.0, seed=0)], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_logits_are_an_error_not_a_token(sampling: Sampling, bad: float) -> None:
+    from etsdk.generation import GenerationError
+    from etsdk_hf_static.sampling import choose, generator_for
+
+    logits = torch.zeros(16)
+    logits[3] = 1.0
+    assert choose(logits, sampling, generator_for(sampling)) in range(16)
+    logits[11] = bad
+    with pytest.raises(GenerationError, match="non-finite logits"):
+        choose(logits, sampling, generator_for(sampling))
