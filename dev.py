@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Set up everything and run the main job or the test suite, on a machine with only Python.
 
-    python3 dev.py demo      # set up, then export an embedded model through a backend and run it
+    python3 dev.py demo      # set up, then export the embedded tiny LLM through etsdk-aoti and generate with it
     python3 dev.py test      # set up, then run the whole test suite (what CI runs)
     python3 dev.py setup     # set up only
 
@@ -72,7 +72,7 @@ def main(argv: list[str]) -> int:
         return 2
     setup()
     if command == "demo":
-        return subprocess.run([str(_bin("etsdk")), "demo", *argv[1:]]).returncode
+        return subprocess.run([str(_bin("python")), "-m", "etsdk_hf_static.demo", *argv[1:]]).returncode
     if command == "test":
         result = subprocess.run([str(_bin("python")), "-m", "pytest", *argv[1:]], cwd=ROOT)
         return result.returncode

@@ -17,7 +17,7 @@ def _python_blocks(path: Path) -> list[str]:
     return re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S)
 
 
-@pytest.mark.parametrize("doc", ["README.md", "docs/index.md", "plugins/aoti/README.md"])
+@pytest.mark.parametrize("doc", ["README.md", "docs/index.md", "plugins/aoti/README.md", "docs/hf_static.md"])
 def test_python_examples_run(doc: str, tmp_path: Path) -> None:
     blocks = _python_blocks(ROOT / doc)
     assert blocks, f"{doc} has no python example"
@@ -34,3 +34,16 @@ def test_demo_main_job(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-2000:]
     assert "matches eager PyTorch" in result.stdout
     assert (tmp_path / "mlp.pte").is_file() and (tmp_path / "weights.ptd").is_file()
+
+
+def test_llm_main_job(tmp_path: Path) -> None:
+    """``python3 dev.py demo`` runs this: embedded tiny LLM, etsdk export through AOTI, etsdk generate, checked."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ETSDK_") or k == "ETSDK_CACHE_DIR"}
+    result = subprocess.run(
+        [sys.executable, "-m", "etsdk_hf_static.demo", "--out-dir", str(tmp_path)], capture_output=True, text=True, env=env
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "matches transformers' eager generate" in result.stdout
+    assert "decode" in result.stdout and "tokens/s" in result.stdout
+    assert "compiling" in result.stderr  # export progress
+    assert (tmp_path / "tiny-llama.pte").is_file() and (tmp_path / "tiny-llama.tokenizer").is_dir()

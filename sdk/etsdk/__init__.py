@@ -28,6 +28,7 @@ from etsdk.errors import (
     ProgramError,
     UnsupportedFeatureError,
 )
+from etsdk.generation import ExportRequest, GenerationError, GenerationResult, Sampling
 from etsdk.hookspec import PLUGIN_API_VERSION, hookimpl
 from etsdk.registration import Availability, BackendSpec, Capability, ContractSpec, RunnerSpec
 from etsdk.registry import (
@@ -41,7 +42,6 @@ from etsdk.registry import (
     reset_registry,
     resolve_backend_id,
 )
-from etsdk.generation import ExportRequest, GenerationError, GenerationResult, Sampling
 
 if TYPE_CHECKING:
     from etsdk.bridge import InitContext, NamedData

@@ -97,11 +97,11 @@ def _parse_ids(text: str) -> list[int]:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from etsdk.generation import Sampling
     from etsdk.program import load
     from etsdk.registry import get_runner
-
-    from pathlib import Path
 
     data = args.data
     if data is None and Path(args.program).with_suffix(".ptd").is_file():

@@ -54,15 +54,17 @@ class StaticCausalLM(torch.nn.Module):
         config = model.config.get_text_config()
         self.model = model
         self.cache = StaticCache(max_cache_len=context_length, config=config)
+        layers: list[StaticLayer] = []
         for i, layer in enumerate(self.cache.layers):
             if type(layer) is not StaticLayer:
                 raise TypeError(
                     f"hf_static v1 supports full-attention static caches only; layer {i} uses {type(layer).__name__}"
                 )
+            layers.append(layer)
         heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.cache.early_initialization(1, heads, head_dim, model.dtype, torch.device("cpu"))
-        for i, layer in enumerate(self.cache.layers):
+        for i, layer in enumerate(layers):
             self.register_buffer(f"key_cache_{i}", layer.keys, persistent=False)
             self.register_buffer(f"value_cache_{i}", layer.values, persistent=False)
             self.register_buffer(f"cumulative_length_{i}", layer.cumulative_length, persistent=False)

@@ -17,22 +17,31 @@ One :class:`Conversation` per independent stream; positions carry on across
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from etsdk.contract import ContractError
+from etsdk.contract import Contract, ContractError
 from etsdk.dtypes import dtype_name
 from etsdk.generation import GenerationError, GenerationResult, Sampling
 from etsdk.program import MethodInfo, Program
 
 from etsdk_hf_static.metadata import HfStaticMetadata, read_metadata
-from etsdk_hf_static.module import causal_mask
 from etsdk_hf_static.sampling import choose, generator_for
 
-__all__ = ["Conversation", "HfStaticRunner", "ProgramMismatchError", "Step", "check_program", "plan_prompt"]
+__all__ = [
+    "Conversation",
+    "EngineTensor",
+    "HfStaticRunner",
+    "ProgramMismatchError",
+    "Step",
+    "check_program",
+    "check_tokens",
+    "expected_io",
+    "plan_prompt",
+]
 
 
 class ProgramMismatchError(ContractError):
@@ -49,59 +58,73 @@ class Step:
     rows: int
 
 
-def expected_io(meta: HfStaticMetadata) -> dict[str, tuple[list[tuple[str, str, tuple[int, ...]]], list[tuple[str, str, tuple[int, ...]]]]]:
-    """Per method: engine inputs and outputs as (name, dtype, shape), in binding order."""
-    out = {}
+@dataclass(frozen=True, slots=True)
+class EngineTensor:
+    """One engine input or output the runner binds: name, dtype name, shape."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    def describe(self) -> str:
+        return f"{self.dtype} {list(self.shape)}"
+
+
+def expected_io(meta: HfStaticMetadata) -> dict[str, tuple[tuple[EngineTensor, ...], tuple[EngineTensor, ...]]]:
+    """Per method: the engine inputs and outputs the runner binds, in binding order."""
+    out: dict[str, tuple[tuple[EngineTensor, ...], tuple[EngineTensor, ...]]] = {}
     for method, rows in (("prefill", meta.prefill_length), ("decode", 1)):
-        inputs = [
-            ("input_ids", "int64", (1, rows)),
-            ("positions", "int64", (rows,)),
-            ("attention_mask", "bool", (1, 1, rows, meta.context_length)),
-        ]
-        outputs = [("logits", meta.logits_dtype, (1, rows, meta.vocab_size))]
+        inputs = (
+            EngineTensor("input_ids", "int64", (1, rows)),
+            EngineTensor("positions", "int64", (rows,)),
+            EngineTensor("attention_mask", "bool", (1, 1, rows, meta.context_length)),
+        )
+        outputs = (EngineTensor("logits", meta.logits_dtype, (1, rows, meta.vocab_size)),)
         out[method] = (inputs, outputs)
     return out
 
 
-def check_program(record: Any, infos: dict[str, MethodInfo]) -> HfStaticMetadata:
-    """Metadata and every method's engine I/O, before any step runs. ``infos``: method name -> info."""
+def check_program(record: Contract | None, infos: Mapping[str, MethodInfo]) -> HfStaticMetadata:
+    """Metadata, state and every method's engine I/O, before any step runs. ``infos``: method name -> info."""
     meta = read_metadata(record)
-    expected_states = {}
+    assert record is not None  # read_metadata refuses a missing record
+    cache = ("float32", (1, meta.kv_heads, meta.context_length, meta.head_dim))
+    expected_states: dict[str, tuple[str, tuple[int, ...]]] = {}
     for layer in range(meta.layers):
-        cache = ("float32", (1, meta.kv_heads, meta.context_length, meta.head_dim))
         expected_states.update({f"k{layer}": cache, f"v{layer}": cache, f"c{layer}": ("int64", ())})
-    found_states = {s.name: (s.dtype, tuple(s.shape)) for s in record.states}
+    found_states = {s.name: (s.dtype, tuple(int(d) for d in s.shape)) for s in record.states}
     for name, (dtype, shape) in expected_states.items():
         if name not in found_states:
             raise ProgramMismatchError(f"state '{name}' is missing (metadata declares {meta.layers} layers)")
-        if found_states[name] != (dtype, shape):
-            got = found_states[name]
-            raise ProgramMismatchError(f"state '{name}': expected {dtype} {list(shape)}, found {got[0]} {list(got[1])}")
+        found_dtype, found_shape = found_states[name]
+        if (found_dtype, found_shape) != (dtype, shape):
+            raise ProgramMismatchError(
+                f"state '{name}': expected {dtype} {list(shape)}, found {found_dtype} {list(found_shape)}"
+            )
     extra = sorted(set(found_states) - set(expected_states))
     if extra:
         raise ProgramMismatchError(f"unexpected state(s) {', '.join(extra)} for {meta.layers} layers")
     for method, (inputs, outputs) in expected_io(meta).items():
         if method not in infos:
             raise ProgramMismatchError(f"the program has no method '{method}' (methods: {', '.join(sorted(infos))})")
+        for bound in (i for i in record.method(method).inputs if i.state is not None):
+            if (bound.dtype, tuple(bound.shape)) != found_states.get(bound.state or ""):
+                raise ProgramMismatchError(
+                    f"method '{method}' binds state '{bound.state}' as {bound.dtype} {list(bound.shape)}, "
+                    f"the state is {found_states.get(bound.state or '')}"
+                )
         info = infos[method]
-        spec = record.method(method)
-        for state_input in (i for i in spec.inputs if i.state is not None):
-            if (state_input.dtype, tuple(state_input.shape)) != found_states.get(state_input.state):
+        for side, wanted, present in (("input", inputs, info.inputs), ("output", outputs, info.outputs)):
+            if len(present) != len(wanted):
                 raise ProgramMismatchError(
-                    f"method '{method}' binds state '{state_input.state}' as {state_input.dtype} "
-                    f"{list(state_input.shape)}, the state is {found_states.get(state_input.state)}"
+                    f"method '{method}' has {len(present)} engine {side}(s), expected {len(wanted)} "
+                    f"({', '.join(w.name for w in wanted)})"
                 )
-        for side, wanted, found in (("input", inputs, info.inputs), ("output", outputs, info.outputs)):
-            if len(found) != len(wanted):
-                raise ProgramMismatchError(
-                    f"method '{method}' has {len(found)} engine {side}(s), expected {len(wanted)} "
-                    f"({', '.join(w[0] for w in wanted)})"
-                )
-            for index, ((name, dtype, shape), got) in enumerate(zip(wanted, found)):
-                got_text = "a non-tensor value" if got is None else f"{dtype_name(got.dtype)} {list(got.shape)}"
-                if got is None or (dtype_name(got.dtype), tuple(got.shape)) != (dtype, shape):
+            for index, (want, tensor) in enumerate(zip(wanted, present)):
+                if tensor is None or (dtype_name(tensor.dtype), tuple(tensor.shape)) != (want.dtype, want.shape):
+                    found = "a non-tensor value" if tensor is None else f"{dtype_name(tensor.dtype)} {list(tensor.shape)}"
                     raise ProgramMismatchError(
-                        f"method '{method}' {side} {index} ('{name}'): expected {dtype} {list(shape)}, found {got_text}"
+                        f"method '{method}' {side} {index} ('{want.name}'): expected {want.describe()}, found {found}"
                     )
     return meta
 

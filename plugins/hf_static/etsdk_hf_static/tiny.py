@@ -21,7 +21,8 @@ __all__ = ["ARCHITECTURES", "char_tokenizer", "save_tiny_model", "tiny_model"]
 
 ARCHITECTURES = ("llama", "qwen2", "mistral")
 SPECIALS = ("<unk>", "<bos>", "<eos>")
-VOCAB = 128
+#: one id per special and per distinct printable ASCII character: every id decodes to text
+VOCAB = len(SPECIALS) + len(dict.fromkeys(string.printable))
 
 
 def _config(architecture: str, *, vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, positions: int) -> Any:

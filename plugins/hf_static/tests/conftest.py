@@ -13,7 +13,7 @@ pytest.importorskip("transformers")
 
 from etsdk_hf_static.export import export  # noqa: E402
 from etsdk_hf_static.runner import HfStaticRunner  # noqa: E402
-from etsdk_hf_static.tiny import save_tiny_model, tiny_model  # noqa: E402
+from etsdk_hf_static.tiny import VOCAB, save_tiny_model, tiny_model  # noqa: E402
 
 #: context length S, prefill length T, tokens generated per comparison. S is not a multiple of T, so a
 #: prompt of S-1-NEW tokens ends in a tail whose padded prefill would run past the context (decode path).
@@ -38,7 +38,7 @@ def hf_generate(model: Any, prompt: Sequence[int], new: int) -> tuple[list[int],
 
 def prompt_of(length: int, seed: int = 0) -> list[int]:
     generator = torch.Generator().manual_seed(1000 + length + seed)
-    return torch.randint(3, 128, (length,), generator=generator).tolist()
+    return torch.randint(3, VOCAB, (length,), generator=generator).tolist()
 
 
 @pytest.fixture(scope="session")

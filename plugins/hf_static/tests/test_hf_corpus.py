@@ -20,8 +20,9 @@ from etsdk.generation import GenerationError, Sampling
 from etsdk.program import MethodInfo, TensorInfo
 from etsdk_hf_static.metadata import MetadataError
 from etsdk_hf_static.runner import HfStaticRunner, ProgramMismatchError, check_program
+from etsdk_hf_static.tiny import VOCAB
 
-V, L = 128, 2
+V, L = VOCAB, 2
 
 
 def _meta(**changes: Any) -> Callable[[Contract], Contract]:

@@ -32,7 +32,7 @@ def test_greedy_tokens_equal_transformers_generate(arch: str, length: int, model
 def test_prompt_plans_cover_every_route() -> None:
     from etsdk_hf_static.metadata import HfStaticMetadata
 
-    meta = HfStaticMetadata(context_length=S, prefill_length=T, vocab_size=128, layers=2, kv_heads=2, head_dim=16, eos_ids=())
+    meta = HfStaticMetadata(context_length=S, prefill_length=T, vocab_size=100, layers=2, kv_heads=2, head_dim=16, eos_ids=())
     methods = {n: [(s.method, s.start, len(s.tokens)) for s in plan_prompt(0, list(range(n)), meta)] for n in PROMPT_LENGTHS}
     assert methods[1] == [("decode", 0, 1)]
     assert methods[T - 1] == [("prefill", 0, T - 1)]  # padded to T rows
