@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from etsdk_hf_static.export import export
+from etsdk_hf_static.exporter import export
 from etsdk_hf_static.module import StaticCausalLM, causal_mask
 from etsdk_hf_static.runner import HfStaticRunner, Step
 from etsdk_hf_static.tiny import tiny_model

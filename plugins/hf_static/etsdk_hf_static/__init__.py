@@ -10,14 +10,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from etsdk_hf_static.export import export
+    from etsdk_hf_static.exporter import export
     from etsdk_hf_static.metadata import HfStaticMetadata, MetadataError
     from etsdk_hf_static.runner import Conversation, HfStaticRunner, ProgramMismatchError
 
 __all__ = ["Conversation", "HfStaticMetadata", "HfStaticRunner", "MetadataError", "ProgramMismatchError", "export"]
 
 _LAZY = {
-    "export": "etsdk_hf_static.export",
+    "export": "etsdk_hf_static.exporter",
     "HfStaticMetadata": "etsdk_hf_static.metadata",
     "MetadataError": "etsdk_hf_static.metadata",
     "Conversation": "etsdk_hf_static.runner",

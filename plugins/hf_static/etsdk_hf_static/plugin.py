@@ -22,7 +22,7 @@ def _runner(program: Any, **options: Any) -> Any:
 
 
 def _exporter(request: Any) -> Any:
-    from etsdk_hf_static.export import export_request
+    from etsdk_hf_static.exporter import export_request
 
     return export_request(request)
 

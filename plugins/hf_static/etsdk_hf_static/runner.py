@@ -302,7 +302,7 @@ class HfStaticRunner:
     @classmethod
     def from_program(cls, program: Program) -> HfStaticRunner:
         """A runner for ``program``, with the tokenizer export saved beside it when there is one."""
-        from etsdk_hf_static.export import tokenizer_dir
+        from etsdk_hf_static.exporter import tokenizer_dir
 
         tokenizer = None
         if tokenizer_dir(program.path).is_dir():

@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from etsdk_hf_static.export import export  # noqa: E402
+from etsdk_hf_static.exporter import export  # noqa: E402
 from etsdk_hf_static.runner import HfStaticRunner  # noqa: E402
 from etsdk_hf_static.tiny import VOCAB, save_tiny_model, tiny_model  # noqa: E402
 
