@@ -243,3 +243,13 @@ def test_a_program_of_another_contract_is_refused(tmp_path_factory: pytest.TempP
     with pytest.raises(MetadataError, match="expected a program of contract 'hf_static', found contract 'kv_decoder'"):
         HfStaticRunner(etsdk.load(path))
 
+
+
+@pytest.mark.parametrize("field", ["version", "name", "methods"])
+def test_record_without_its_version_name_or_methods_is_refused(runner: HfStaticRunner, field: str) -> None:
+    """The embedded record is parsed strictly before a runner ever sees it (``etsdk.load``)."""
+    assert runner.program.contract is not None
+    raw = runner.program.contract.to_json()
+    del raw[field]
+    with pytest.raises(ContractError, match=field):
+        Contract.from_json(raw, where="etsdk/program")
