@@ -232,6 +232,7 @@ def lower(
 
     from etsdk.registry import edge_transform_passes, get_backend
     from etsdk.signature import PROGRAM_RECORD_KEY, ProgramRecord, check_binding_order
+    from etsdk.tracing import weights_shared_while_tracing
 
     if methods is None:
         if module is None or example_inputs is None:
@@ -249,12 +250,13 @@ def lower(
     for name, source in methods.items():
         _progress(f"tracing '{name}'", quiet, started)
         try:
-            exported[name] = torch.export.export(
-                source.module,
-                tuple(source.example_inputs),
-                kwargs=dict(source.example_kwargs) or None,
-                strict=source.strict,
-            )
+            with weights_shared_while_tracing():
+                exported[name] = torch.export.export(
+                    source.module,
+                    tuple(source.example_inputs),
+                    kwargs=dict(source.example_kwargs) or None,
+                    strict=source.strict,
+                )
         except Exception as exc:
             raise ExportError(f"torch.export of method '{name}' failed: {type(exc).__name__}: {exc}") from exc
         _check_state_declarations(name, source, exported[name], contract)
