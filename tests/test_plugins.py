@@ -33,11 +33,13 @@ def test_installed_plugins_are_listed_with_status(site: PluginSite) -> None:
     assert listed["reference"]["reason"] is None
     assert listed["reference"]["backends"] == ["EtsdkReferenceBackend"]
     assert listed["aoti"]["distribution"] == "etsdk-aoti"
+    assert listed["hf_static"]["runners"] == ["hf_static"]  # the runner for the core's hf_static contract
+    assert "hf_static" in listed["core"]["contracts"]
     trt = listed["tensorrt"]
     assert trt["status"] == "unavailable"
     assert "TensorRT runtime libraries not found" in trt["reason"]
     for entry in listed.values():
-        assert set(entry) == {"name", "distribution", "version", "backends", "contracts", "status", "reason"}
+        assert set(entry) == {"name", "distribution", "version", "backends", "contracts", "runners", "status", "reason"}
 
 
 def test_table_output_and_version(site: PluginSite) -> None:

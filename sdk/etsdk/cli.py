@@ -26,10 +26,18 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([p.to_json() for p in plugins], indent=2))
         return 0
-    rows = [("NAME", "DISTRIBUTION", "VERSION", "STATUS", "BACKENDS", "CONTRACTS")]
+    rows = [("NAME", "DISTRIBUTION", "VERSION", "STATUS", "BACKENDS", "CONTRACTS", "RUNNERS")]
     for p in plugins:
         rows.append(
-            (p.name, p.distribution, p.version, p.status.value, ",".join(p.backends) or "-", ",".join(p.contracts) or "-")
+            (
+                p.name,
+                p.distribution,
+                p.version,
+                p.status.value,
+                ",".join(p.backends) or "-",
+                ",".join(p.contracts) or "-",
+                ",".join(p.runners) or "-",
+            )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:

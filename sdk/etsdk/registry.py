@@ -63,6 +63,7 @@ class PluginInfo:
     contracts: tuple[str, ...]
     status: PluginStatus
     reason: str | None
+    runners: tuple[str, ...] = ()  # contract names this plugin provides a runner for
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -71,6 +72,7 @@ class PluginInfo:
             "version": self.version,
             "backends": list(self.backends),
             "contracts": list(self.contracts),
+            "runners": list(self.runners),
             "status": self.status.value,
             "reason": self.reason,
         }
@@ -229,6 +231,7 @@ def list_plugins() -> list[PluginInfo]:
             contracts=tuple(sorted({c.name for c in p.contracts})),
             status=p.status,
             reason=p.reason,
+            runners=tuple(sorted({r.contract for r in p.runners})),
         )
         for p in _get().plugins
     ]
