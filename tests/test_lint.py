@@ -1,4 +1,4 @@
-"""Lint and type-check from day one: ruff over everything, mypy over the core."""
+"""Lint and type-check from day one: ruff over everything, mypy over the core and the plugins with code."""
 
 from __future__ import annotations
 
@@ -21,7 +21,10 @@ def test_ruff() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_mypy_core() -> None:
+def test_mypy() -> None:
     pytest.importorskip("mypy")
-    result = _run("mypy", "sdk/etsdk", "--ignore-missing-imports", "--follow-imports=silent")
+    result = _run(
+        "mypy", "sdk/etsdk", "plugins/aoti/etsdk_aoti", "plugins/hf_static/etsdk_hf_static",
+        "--ignore-missing-imports", "--follow-imports=silent",
+    )
     assert result.returncode == 0, result.stdout + result.stderr

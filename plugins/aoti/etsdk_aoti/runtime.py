@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +89,7 @@ class AotiHandle:
     def execute(self, args: tuple[Any, ...]) -> None:
         if self._states:
             self._bind_state()
-        inputs = args[: self._num_inputs]
+        inputs: Sequence[Any] = args[: self._num_inputs]
         if self._cuda:
             inputs = [t.to(self._device, non_blocking=True) for t in inputs]
             results = self._library.run(inputs, torch.cuda.current_stream().cuda_stream)

@@ -21,6 +21,7 @@ import json
 import shutil
 import tempfile
 import weakref
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +73,7 @@ def compile_partition(edge_program: Any, device: str, workdir: Path) -> tuple[Pa
         outputs = torch._inductor.aot_compile(program.module(), example, options=options)
     produced = outputs if isinstance(outputs, list) else [outputs]
     libraries = [Path(p) for p in produced if isinstance(p, (str, Path)) and str(p).endswith(".so")]
-    tensors = next((p for p in produced if hasattr(p, "items") and not isinstance(p, (str, Path))), {})
+    tensors: Mapping[str, Any] = next((p for p in produced if isinstance(p, Mapping)), {})
     if len(libraries) != 1:
         listing = ", ".join(str(p) if isinstance(p, (str, Path)) else type(p).__name__ for p in produced)
         raise ExportError(

@@ -33,15 +33,18 @@ def state_fqns(layers: int) -> dict[str, str]:
     return out
 
 
-def causal_mask(start_pos: int, real: int, rows: int, context: int) -> torch.Tensor:
+def causal_mask(start_pos: int, real: int, rows: int, context: int, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """The ``[1, 1, rows, context]`` bool mask for ``real`` tokens at ``start_pos`` padded to ``rows``.
 
     Row ``i`` sees cache rows ``0 .. min(start_pos + i, start_pos + real - 1)``: real
     rows are causal, padded rows see the real ones only (never padding, and never
-    nothing, so no row's softmax is over an empty set).
+    nothing, so no row's softmax is over an empty set). ``out``: fill it in place.
     """
-    last = torch.clamp(torch.arange(rows) + start_pos, max=start_pos + real - 1)
-    return (torch.arange(context)[None, :] <= last[:, None]).reshape(1, 1, rows, context)
+    last = torch.clamp(torch.arange(rows) + start_pos, max=start_pos + real - 1).reshape(1, 1, rows, 1)
+    columns = torch.arange(context).reshape(1, 1, 1, context)
+    if out is None:
+        return columns <= last
+    return torch.le(columns, last, out=out)
 
 
 class StaticCausalLM(torch.nn.Module):

@@ -29,6 +29,7 @@ from etsdk.generation import GenerationError, GenerationResult, Sampling
 from etsdk.program import MethodInfo, Program
 
 from etsdk_hf_static.metadata import HfStaticMetadata, read_metadata
+from etsdk_hf_static.module import causal_mask
 from etsdk_hf_static.sampling import choose, generator_for
 
 __all__ = [
@@ -166,29 +167,23 @@ def plan_prompt(position: int, tokens: Sequence[int], meta: HfStaticMetadata) ->
 
 
 class _MethodInputs:
-    """Pre-allocated engine inputs of one method, filled in place before each call (a few small ops per step)."""
+    """Pre-allocated engine inputs of one method, filled in place before each call."""
 
     def __init__(self, rows: int, context: int) -> None:
         self.rows = rows
+        self.context = context
         self.ids = torch.zeros(1, rows, dtype=torch.long)
         self.positions = torch.zeros(rows, dtype=torch.long)
         self.mask = torch.zeros(1, 1, rows, context, dtype=torch.bool)
-        self._columns = torch.arange(context).reshape(1, 1, 1, context)
-        self._rows = torch.arange(rows)
+        self._offsets = torch.arange(rows)
 
     def fill(self, step: Step) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Tokens (zero-padded), positions ``start ..``, and the mask of :func:`causal_mask`."""
         n = len(step.tokens)
-        if self.rows == 1:
-            self.ids[0, 0] = step.tokens[0]
-            self.positions[0] = step.start
-            torch.le(self._columns, step.start, out=self.mask)
-        else:
-            self.ids.zero_()
-            self.ids[0, :n] = torch.tensor(step.tokens, dtype=torch.long)
-            torch.add(self._rows, step.start, out=self.positions)
-            last = torch.clamp(self.positions, max=step.start + n - 1).reshape(1, 1, self.rows, 1)
-            torch.le(self._columns, last, out=self.mask)
+        self.ids.zero_()
+        self.ids[0, :n] = torch.tensor(step.tokens, dtype=torch.long)
+        torch.add(self._offsets, step.start, out=self.positions)
+        causal_mask(step.start, n, self.rows, self.context, out=self.mask)
         return self.ids, self.positions, self.mask
 
 
