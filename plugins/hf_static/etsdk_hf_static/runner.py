@@ -226,7 +226,8 @@ class Conversation:
 
         Everything is checked and planned before the first step: token ids, room in
         the context (``position + len(prompt) + max_new_tokens - 1 <= S``).
-        ``on_token`` receives each token as it is chosen (streaming).
+        ``on_token`` receives each token as it is chosen (streaming); the time it takes
+        is not counted in ``decode_tokens_per_s``.
         """
         meta = self._runner.metadata
         sampling = sampling or Sampling()
@@ -251,10 +252,20 @@ class Conversation:
         assert logits is not None
         token = choose(logits, sampling, generator)
         prefill_ms = (time.perf_counter() - started) * 1e3
-        generated = [token]
-        self.pending = (token,)
-        if on_token is not None:
-            on_token(token)
+        generated: list[int] = []
+        streaming_s = 0.0  # time spent in on_token: the caller's, not the model's
+
+        def emit(token: int) -> None:
+            nonlocal streaming_s
+            generated.append(token)
+            self.pending = (token,)
+            if on_token is not None:
+                before = time.perf_counter()
+                on_token(token)
+                streaming_s += time.perf_counter() - before
+
+        emit(token)
+        streaming_s = 0.0
         stopped = "length"
         decode_started = time.perf_counter()
         while True:
@@ -265,11 +276,8 @@ class Conversation:
                 break
             logits = self.run_step(Step("decode", self.position, (token,), 1))
             token = choose(logits, sampling, generator)
-            generated.append(token)
-            self.pending = (token,)
-            if on_token is not None:
-                on_token(token)
-        decode_s = time.perf_counter() - decode_started
+            emit(token)
+        decode_s = time.perf_counter() - decode_started - streaming_s
         decoded = len(generated) - 1
         return GenerationResult(
             prompt_ids=prompt,
