@@ -105,16 +105,15 @@ def _parse_ids(text: str) -> list[int]:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from etsdk.generation import Sampling
-    from etsdk.program import load
+    from etsdk.program import data_beside, load
     from etsdk.registry import get_runner
 
-    data = args.data
-    if data is None and Path(args.program).with_suffix(".ptd").is_file():
-        data = Path(args.program).with_suffix(".ptd")
-    program = load(args.program, data=data)
+    if (args.prompt is None) == (args.prompt_ids is None):
+        raise EtsdkError("give exactly one of --prompt TEXT or --prompt-ids 1,2,3")
+    given_ids = _parse_ids(args.prompt_ids) if args.prompt_ids is not None else None
+    sampling = Sampling(temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    program = load(args.program, data=args.data if args.data is not None else data_beside(args.program))
     contract = program.contract
     if contract is None:
         raise EtsdkError(f"{args.program} embeds no contract; etsdk generate needs a program exported for one")
@@ -125,18 +124,18 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             f"version(s) {', '.join(map(str, spec.versions))}"
         )
     runner = spec.factory(program)
-    if (args.prompt is None) == (args.prompt_ids is None):
-        raise EtsdkError("give exactly one of --prompt TEXT or --prompt-ids 1,2,3")
-    prompt_ids = runner.encode(args.prompt) if args.prompt is not None else _parse_ids(args.prompt_ids)
-    sampling = Sampling(temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    prompt_ids = given_ids if given_ids is not None else runner.encode(args.prompt)
     streamed: list[int] = []
+    shown = ""
 
     def stream(token: int) -> None:
+        # decode everything so far: a token may only complete a character together with the next one
+        nonlocal shown
         streamed.append(token)
         if not args.json:
             text = runner.decode_text(streamed)
-            previous = runner.decode_text(streamed[:-1])
-            print(text[len(previous):] if text.startswith(previous) else f" {token}", end="", flush=True)
+            print(text[len(shown):] if text.startswith(shown) else f" {token}", end="", flush=True)
+            shown = text
 
     if not args.json and args.prompt is not None:
         print(args.prompt, end="", flush=True)

@@ -230,6 +230,12 @@ def _resolve_backends(backends: dict[str, tuple[str, ...]], path: Path) -> None:
             ensure_registered(backend_id)
 
 
+def data_beside(path: str | Path) -> Path | None:
+    """``model.ptd`` next to ``model.pte`` when it exists (what ``etsdk export --external-data`` writes)."""
+    candidate = Path(path).with_suffix(".ptd")
+    return candidate if candidate.is_file() else None
+
+
 def load(path: str | Path, data: str | Path | None = None) -> Program:
     """Load a ``.pte`` (and its ``.ptd`` when the program keeps data outside) for execution.
 

@@ -318,11 +318,9 @@ class HfStaticRunner:
     def from_file(cls, path: str | Path, data: str | Path | None = None) -> HfStaticRunner:
         """Load ``model.pte`` (and its ``.ptd``: given, or ``model.ptd`` beside it)."""
         import etsdk
+        from etsdk.program import data_beside
 
-        path = Path(path)
-        if data is None and path.with_suffix(".ptd").is_file():
-            data = path.with_suffix(".ptd")
-        return cls.from_program(etsdk.load(path, data=data))
+        return cls.from_program(etsdk.load(path, data=data if data is not None else data_beside(path)))
 
     def new_conversation(self) -> Conversation:
         return Conversation(self)
