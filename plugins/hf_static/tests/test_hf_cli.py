@@ -75,3 +75,14 @@ def test_generate_refuses_bad_ids_and_overflow(cli_pte: Path) -> None:
     assert bad.returncode == 2 and "comma-separated integers" in bad.stderr
     too_long = _etsdk("generate", str(cli_pte), "--prompt-ids", ",".join(["5"] * S), "--max-new-tokens", "2")
     assert too_long.returncode == 2 and f"context length S is {S}" in too_long.stderr
+
+
+def test_seeded_sampling_from_the_cli_repeats(cli_pte: Path) -> None:
+    args = ("generate", str(cli_pte), "--prompt-ids", "1,40,41", "--max-new-tokens", "6", "--json",
+            "--temperature", "1.2", "--top-p", "0.9", "--seed", "7")
+    first, second = _etsdk(*args), _etsdk(*args)
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    ids = [json.loads(r.stdout.strip().splitlines()[-1])["token_ids"] for r in (first, second)]
+    assert ids[0] == ids[1] and len(ids[0]) >= 1
+    bad = _etsdk("generate", str(cli_pte), "--prompt-ids", "1", "--top-p", "0")
+    assert bad.returncode == 2 and "top_p must be in (0, 1]" in bad.stderr
