@@ -69,6 +69,7 @@ class LoweringContext:
     states: dict[str, dict[str, str]] = field(default_factory=dict)  # method -> {buffer fqn: state identity}
     partitioners: dict[str, list[CorePartitioner]] = field(default_factory=dict)  # method -> wrappers, in order
     sealed: dict[str, tuple[str, DelegateSignature, tuple[str | None, ...]]] = field(default_factory=dict)
+    kept: dict[str, dict[str, Any]] = field(default_factory=dict)  # method -> operators kept whole (seen at decomposition)
     transforms: list[PayloadTransform] = field(default_factory=list)
     observers: list[DelegateObserver] = field(default_factory=list)
     _next_id: int = 0
@@ -132,7 +133,9 @@ class CorePartitioner:
                 return wrapper.partition(exported_program)
 
             def ops_to_not_decompose(self, ep: Any) -> Any:
-                return wrapper.context.kept_whole(wrapper.method, ep), None
+                ops = wrapper.context.kept_whole(wrapper.method, ep)
+                wrapper.context.kept.setdefault(wrapper.method, {}).update((str(op), op) for op in ops)
+                return ops, None
 
         self.partitioner = _Wrapped()
 

@@ -220,7 +220,7 @@ def lower(
                 f"method '{name}': state buffer(s) {', '.join(left)} stayed in the top-level program; every operator "
                 "using declared state must be claimed by one delegate"
             )
-        unclaimed = kept_whole_left(name, lowered_program.graph_module, context.kept_whole(name, lowered_program))
+        unclaimed = kept_whole_left(name, lowered_program.graph_module, list(context.kept.get(name, {}).values()))
         if unclaimed:
             raise ExportError(
                 f"method '{name}': operator(s) {', '.join(unclaimed)} were kept whole for a backend of this method "

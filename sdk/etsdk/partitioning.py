@@ -29,7 +29,7 @@ _NAMESPACES = frozenset({"aten", "dim_order_ops"})
 
 def aten_name(target: Any) -> str | None:
     """``"aten::add.Tensor"`` for an aten / dim_order_ops (edge) operator overload, else None."""
-    op = getattr(target, "_op", target)
+    op = target if isinstance(target, torch._ops.OpOverload) else getattr(target, "_op", None)
     if isinstance(op, torch._ops.OpOverload) and op.namespace in _NAMESPACES:
         return op.name()
     return None

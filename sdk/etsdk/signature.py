@@ -204,14 +204,12 @@ class DelegateSignature:
 
 
 def operator_name(target: Any) -> str:
-    """``aten::add.Tensor`` for an (edge) operator overload; the callable's name otherwise."""
-    op = getattr(target, "_op", target)
-    name = getattr(op, "name", None)
-    if callable(name):
-        try:
-            return str(name())
-        except Exception:  # noqa: BLE001 - fall back to the qualified name
-            pass
+    """``aten::add.Tensor`` for an aten or edge operator overload; the callable's name otherwise."""
+    import torch
+
+    op = target if isinstance(target, torch._ops.OpOverload) else getattr(target, "_op", None)
+    if isinstance(op, torch._ops.OpOverload):
+        return str(op.name())
     return str(getattr(target, "__name__", target))
 
 
