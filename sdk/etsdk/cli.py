@@ -5,6 +5,8 @@
 ``etsdk demo``               export a small model through a backend and run it
 ``etsdk export``             export a model into a contract's programs (the plugin owning the contract does it)
 ``etsdk generate``           generate tokens with a program, through the runner registered for its contract
+``etsdk new-backend NAME``   write a complete, pip-installable backend plugin that works at once
+``etsdk conformance ID``     run the conformance kit against an installed backend
 ``etsdk --version``
 """
 
@@ -148,6 +150,33 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_new_backend(args: argparse.Namespace) -> int:
+    from etsdk.scaffold import new_backend
+
+    made = new_backend(args.name, args.dir)
+    print(f"wrote {made.directory} (backend id {made.backend_id}):")
+    for path in made.files:
+        print(f"  {path.relative_to(made.directory)}")
+    print(f"next: pip install -e {made.directory} && etsdk plugins && pytest {made.directory / 'tests'}")
+    return 0
+
+
+def _cmd_conformance(args: argparse.Namespace) -> int:
+    from etsdk.conformance import run
+
+    options = {}
+    for raw in args.option:
+        key, sep, value = raw.partition("=")
+        if not sep or not key:
+            raise EtsdkError(f"--option takes key=value, found {raw!r}")
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    code = run(args.backend, options=options, report=args.report, extra_args=["-k", args.k] if args.k else ())
+    return 0 if code == 0 else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="etsdk", description="Pluggable ExecuTorch backends.")
     parser.add_argument("--version", action="version", version=f"etsdk {__version__}")
@@ -187,6 +216,18 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--seed", type=int, default=None)
     generate.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     generate.set_defaults(func=_cmd_generate)
+
+    scaffold = sub.add_parser("new-backend", help="write a complete backend plugin (etsdk-NAME/) that works at once")
+    scaffold.add_argument("name", help="a lowercase Python identifier, e.g. my_npu (backend id MyNpuBackend)")
+    scaffold.add_argument("--dir", default=".", help="where to create etsdk-NAME/ (default: the current directory)")
+    scaffold.set_defaults(func=_cmd_new_backend)
+
+    conformance = sub.add_parser("conformance", help="run the conformance kit against installed backends")
+    conformance.add_argument("backend", nargs="+", help="backend ids or short names")
+    conformance.add_argument("--option", action="append", default=[], help="partitioner option key=value (JSON value)")
+    conformance.add_argument("--report", default=None, help="write the JSON report here")
+    conformance.add_argument("-k", default=None, help="only behaviours whose test names match (pytest -k)")
+    conformance.set_defaults(func=_cmd_conformance)
     return parser
 
 
