@@ -113,7 +113,7 @@ class Kit:
         """A cache update beside two same-shaped user outputs (contract etsdk_kit_pair v1)."""
         import torch
 
-        from etsdk.conformance.models import D, S, CachePair
+        from etsdk.conformance.models import CachePair, D, S
 
         etsdk.register_contracts(
             [etsdk.ContractSpec(name="etsdk_kit_pair", version=1, path=PAIR_CONTRACT)], "etsdk-conformance-kit"
