@@ -6,7 +6,7 @@ import ctypes.util
 import importlib.util
 import os
 
-from etsdk.registration import Availability
+from etsdk.backend import Availability
 
 
 def _cuda_device_present() -> bool:

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from etsdk import hookimpl
-from etsdk.errors import BackendUnavailableError
-from etsdk.registration import BackendSpec, Capability
+from etsdk import BackendUnavailableError, hookimpl
+from etsdk.backend import BackendSpec, Capability
 
 from etsdk_tensorrt import BACKEND_ID
 
