@@ -279,6 +279,10 @@ def lower(
             raise ExportError(f"contract '{contract.name}' needs method(s) {', '.join(missing)} that were not given")
     if contract is not None and contract.states:
         contract = _with_state_device(contract, state_devices)
+    # model identity for session snapshots (etsdk.fingerprint): backend-independent, read before edge lowering
+    from etsdk.fingerprint import model_fingerprint
+
+    model = model_fingerprint(exported.values(), {fqn for s in methods.values() for fqn in s.state}, contract)
     _progress("lowering to edge and partitioning", quiet, started)
     _progress_state.value = (quiet, started)
     try:
@@ -314,6 +318,7 @@ def lower(
         contract=contract,
         producer=f"etsdk {_version()}",
         state_fqns={name: dict(source.state) for name, source in methods.items() if source.state},
+        model=model,
     )
     store = getattr(edge, "_named_data_store", None)
     if store is None:

@@ -30,6 +30,7 @@ from etsdk.blob import BlobReader, BlobWriter
 from etsdk.contract import Contract
 from etsdk.dtypes import dtype_name as _dtype_name
 from etsdk.errors import ExportError, ProgramError
+from etsdk.fingerprint import ModelFingerprint
 from etsdk.versioning import check_format
 
 __all__ = [
@@ -52,6 +53,7 @@ STATE_COMPILE_SPEC = "etsdk.states"
 PROGRAM_RECORD_KEY = "etsdk/program"
 PROGRAM_FORMAT = "etsdk.program"
 PROGRAM_FORMAT_MAJOR = 1
+PROGRAM_FORMAT_MINOR = 1  # 1.1: the model fingerprint (etsdk.fingerprint)
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,12 +247,15 @@ class ProgramRecord:
     contract: Contract | None = None
     producer: str = ""
     state_fqns: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    #: weights + state-spec fingerprint (None in records written before format 1.1)
+    model: ModelFingerprint | None = None
 
     def to_bytes(self) -> bytes:
         return json.dumps(
             {
                 "format": PROGRAM_FORMAT,
-                "format_version": [PROGRAM_FORMAT_MAJOR, 0],
+                "format_version": [PROGRAM_FORMAT_MAJOR, PROGRAM_FORMAT_MINOR],
+                "model": self.model.to_json() if self.model is not None else None,
                 "producer": self.producer,
                 "contract": self.contract.to_json() if self.contract is not None else None,
                 "state_fqns": {m: dict(v) for m, v in self.state_fqns.items()},
@@ -269,7 +274,7 @@ class ProgramRecord:
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ProgramError(f"{where}: etsdk program record is not valid JSON: {exc}") from None
         check_format(
-            obj, expected=PROGRAM_FORMAT, major=PROGRAM_FORMAT_MAJOR, minor=0, where=where, error=ProgramError,
+            obj, expected=PROGRAM_FORMAT, major=PROGRAM_FORMAT_MAJOR, minor=PROGRAM_FORMAT_MINOR, where=where, error=ProgramError,
             what="etsdk program record",
         )
         contract = None
@@ -293,7 +298,10 @@ class ProgramRecord:
         fqns = obj.get("state_fqns") or {}
         if not isinstance(fqns, dict):
             raise ProgramError(f"{where}: state_fqns must be an object")
-        return cls(methods=methods, contract=contract, producer=str(obj.get("producer", "")), state_fqns=fqns)
+        model = obj.get("model")
+        if model is not None:
+            model = ModelFingerprint.from_json(model, f"{where}: etsdk program record")
+        return cls(methods=methods, contract=contract, producer=str(obj.get("producer", "")), state_fqns=fqns, model=model)
 
 
 def check_binding_order(method: str, graph_module: Any, etsdk_backends: Iterable[str]) -> tuple[DelegateRecord, ...]:
