@@ -47,6 +47,8 @@ if TYPE_CHECKING:
     from etsdk.bridge import InitContext, NamedData
     from etsdk.lowering import Lowered, MethodSource, lower
     from etsdk.program import Method, MethodInfo, Program, TensorInfo, load
+    from etsdk.snapshot import Snapshot
+    from etsdk.state import Session, StateError, StateView
 
 _LAZY = {
     "InitContext": "etsdk.bridge",
@@ -59,6 +61,10 @@ _LAZY = {
     "Program": "etsdk.program",
     "TensorInfo": "etsdk.program",
     "load": "etsdk.program",
+    "Session": "etsdk.state",
+    "Snapshot": "etsdk.snapshot",
+    "StateError": "etsdk.state",
+    "StateView": "etsdk.state",
 }
 
 
@@ -105,6 +111,10 @@ __all__ = [
     "Program",
     "ProgramError",
     "RunnerSpec",
+    "Session",
+    "Snapshot",
+    "StateError",
+    "StateView",
     "TensorInfo",
     "UnsupportedFeatureError",
     "__version__",
