@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from etsdk.bridge import InitContext, NamedData
     from etsdk.lowering import Lowered, MethodSource, lower
     from etsdk.program import Method, MethodInfo, Program, TensorInfo, load
+    from etsdk.quiet import quiet_command_line
     from etsdk.snapshot import Snapshot
     from etsdk.state import Session, StateError, StateView
 
@@ -61,6 +62,7 @@ _LAZY = {
     "Program": "etsdk.program",
     "TensorInfo": "etsdk.program",
     "load": "etsdk.program",
+    "quiet_command_line": "etsdk.quiet",
     "Session": "etsdk.state",
     "Snapshot": "etsdk.snapshot",
     "StateError": "etsdk.state",
@@ -130,6 +132,7 @@ __all__ = [
     "list_plugins",
     "load",
     "lower",
+    "quiet_command_line",
     "register_contracts",
     "register_plugin",
     "reset_registry",
