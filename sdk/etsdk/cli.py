@@ -229,10 +229,9 @@ def _cmd_chat(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command in ("export", "generate", "chat", "demo"):
-        from etsdk.quiet import quiet_command_line
+    from etsdk.quiet import quiet_command_line
 
-        quiet_command_line(verbose=getattr(args, "verbose", False))
+    quiet_command_line(verbose=getattr(args, "verbose", False))  # this process only: the library never does
     try:
         return int(args.func(args))
     except EtsdkError as exc:
