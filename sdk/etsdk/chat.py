@@ -260,6 +260,10 @@ def run_chat(
 
 
 def _terminal_lines(prompt: str) -> Iterator[str]:
+    try:
+        import readline  # noqa: F401  (line editing and history for input())
+    except ImportError:
+        pass
     while True:
         try:
             yield input(prompt)

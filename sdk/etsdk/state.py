@@ -230,7 +230,8 @@ class Session:
         """A new session of ``program`` holding the state saved in ``path`` (refused for another model / specs)."""
         from etsdk.snapshot import Snapshot
 
-        session = program.new_session()
+        new_session = getattr(program, "new_session", None)
+        session = new_session() if callable(new_session) else None
         if not isinstance(session, Session):
             raise StateError(f"Session.load needs an etsdk Program, found {type(program).__name__}")
         session.restore(Snapshot.load(path))

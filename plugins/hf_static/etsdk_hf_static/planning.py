@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from etsdk.dtypes import dtype_name
-from etsdk.generation import GenerationError
+from etsdk import GenerationError
 
 from etsdk_hf_static.metadata import HfStaticMetadata
 from etsdk_hf_static.module import causal_mask
@@ -39,7 +38,8 @@ def check_tokens(tokens: Iterable[Any], vocab: int, what: str = "prompt") -> tup
     """Token ids as Python ints in ``0 .. vocab-1``; anything else is a :class:`GenerationError`."""
     if isinstance(tokens, torch.Tensor):
         if tokens.dtype.is_floating_point or tokens.dtype == torch.bool or tokens.dtype.is_complex:
-            raise GenerationError(f"{what} token ids must be integers, found a {dtype_name(tokens.dtype)} tensor")
+            dtype = str(tokens.dtype).removeprefix("torch.")
+            raise GenerationError(f"{what} token ids must be integers, found a {dtype} tensor")
         tokens = tokens.reshape(-1).tolist()
     if isinstance(tokens, (str, bytes)):
         raise GenerationError(f"{what} must be token ids, found text; encode it first (runner.encode)")

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from conftest import MARGIN, S, T, hf_generate
 
-
 #: lines other libraries print at import or export (torchao, torch logging, warnings, progress bars)
 FOREIGN = re.compile(r"Warning|warnings\.warn|^\s*return |^[WEI]\d{4} |Failed to load|it/s\]|Traceback")
 
