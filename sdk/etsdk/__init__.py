@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 from etsdk._version import __version__
 from etsdk.blob import BlobReader, BlobWriter
+from etsdk.contract import Contract, ContractError
 from etsdk.discovery import PluginStatus
+from etsdk.dtypes import dtype_name
 from etsdk.errors import (
     BackendError,
     BackendNotFoundError,
@@ -30,7 +32,7 @@ from etsdk.errors import (
 )
 from etsdk.generation import ExportRequest, GenerationError, GenerationResult, Sampling
 from etsdk.hookspec import PLUGIN_API_VERSION, hookimpl
-from etsdk.registration import Availability, BackendSpec, Capability, ContractSpec, RunnerSpec
+from etsdk.registration import Availability, BackendSpec, Capability, ContractSpec, Option, RunnerSpec
 from etsdk.registry import (
     PluginInfo,
     get_backend,
@@ -46,7 +48,7 @@ from etsdk.registry import (
 if TYPE_CHECKING:
     from etsdk.bridge import InitContext, NamedData
     from etsdk.lowering import Lowered, MethodSource, lower
-    from etsdk.program import Method, MethodInfo, Program, TensorInfo, load
+    from etsdk.program import Method, MethodInfo, Program, TensorInfo, data_beside, load
     from etsdk.quiet import quiet_command_line
     from etsdk.snapshot import Snapshot
     from etsdk.state import Session, StateError, StateView
@@ -54,6 +56,12 @@ if TYPE_CHECKING:
 _LAZY = {
     "InitContext": "etsdk.bridge",
     "NamedData": "etsdk.bridge",
+    "Session": "etsdk.state",
+    "StateError": "etsdk.state",
+    "StateView": "etsdk.state",
+    "Snapshot": "etsdk.snapshot",
+    "quiet_command_line": "etsdk.quiet",
+    "data_beside": "etsdk.program",
     "Lowered": "etsdk.lowering",
     "MethodSource": "etsdk.lowering",
     "lower": "etsdk.lowering",
@@ -62,11 +70,6 @@ _LAZY = {
     "Program": "etsdk.program",
     "TensorInfo": "etsdk.program",
     "load": "etsdk.program",
-    "quiet_command_line": "etsdk.quiet",
-    "Session": "etsdk.state",
-    "Snapshot": "etsdk.snapshot",
-    "StateError": "etsdk.state",
-    "StateView": "etsdk.state",
 }
 
 
@@ -94,6 +97,8 @@ __all__ = [
     "BridgeBuildError",
     "BridgeRegistryError",
     "Capability",
+    "Contract",
+    "ContractError",
     "ContractSpec",
     "DelegateError",
     "EtsdkError",
@@ -104,6 +109,7 @@ __all__ = [
     "MethodInfo",
     "MethodSource",
     "NamedData",
+    "Option",
     "PluginConflictError",
     "PluginError",
     "PluginInfo",
@@ -120,6 +126,8 @@ __all__ = [
     "TensorInfo",
     "UnsupportedFeatureError",
     "__version__",
+    "data_beside",
+    "dtype_name",
     "get_backend",
     "get_contract",
     "get_runner",

@@ -162,13 +162,7 @@ def open_runner(program_path: str, data: str | None) -> Any:
     contract = program.contract
     if contract is None:
         raise EtsdkError(f"{program_path} embeds no contract; etsdk needs a program exported for one to run it")
-    spec = get_runner(contract.name)
-    if contract.version not in spec.versions:
-        raise EtsdkError(
-            f"{program_path} follows {contract.name} v{contract.version}; the installed runner drives "
-            f"version(s) {', '.join(map(str, spec.versions))}"
-        )
-    return spec.factory(program)
+    return get_runner(contract.name, contract.version).factory(program)
 
 
 class _Stream:

@@ -27,10 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from etsdk.contract import Contract, ContractError
-from etsdk.dtypes import dtype_name
-from etsdk.generation import GenerationError, GenerationResult
-from etsdk.program import MethodInfo, Program
+from etsdk import Contract, ContractError, GenerationError, GenerationResult, MethodInfo, Program, dtype_name
 
 from etsdk_hf_static.conversation import Conversation
 from etsdk_hf_static.metadata import HfStaticMetadata, read_metadata
@@ -153,9 +150,8 @@ class HfStaticRunner:
     def from_file(cls, path: str | Path, data: str | Path | None = None) -> HfStaticRunner:
         """Load ``model.pte`` (and its ``.ptd``: given, or ``model.ptd`` beside it)."""
         import etsdk
-        from etsdk.program import data_beside
 
-        return cls.from_program(etsdk.load(path, data=data if data is not None else data_beside(path)))
+        return cls.from_program(etsdk.load(path, data=data if data is not None else etsdk.data_beside(path)))
 
     def new_conversation(self) -> Conversation:
         return Conversation(self)

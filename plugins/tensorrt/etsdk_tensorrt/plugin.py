@@ -15,7 +15,7 @@ from etsdk.registration import BackendSpec, Capability
 
 from etsdk_tensorrt import BACKEND_ID
 
-ETSDK_PLUGIN_API = ">=1,<2"
+ETSDK_PLUGIN_API = ">=2,<3"
 
 
 def _not_implemented(*_: Any, **__: Any) -> Any:
