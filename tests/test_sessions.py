@@ -195,8 +195,8 @@ def test_a_program_without_a_fingerprint_refuses_snapshots_but_forks(program: et
 
 def test_program_record_fingerprint_is_read_strictly(program: etsdk.Program) -> None:
     record = json.loads(program.record.to_bytes())
-    assert record["format_version"] == [1, 1] and set(record["model"]) == {"weights", "states"}
-    old = dict(record, format_version=[1, 0])
+    assert record["format_version"] == [2, 1] and set(record["model"]) == {"weights", "states"}
+    old = dict(record, format_version=[2, 0])
     del old["model"]
     assert ProgramRecord.from_bytes(json.dumps(old).encode(), "old.pte").model is None
     for bad in ({"weights": "xyz", "states": record["model"]["states"]}, {"weights": record["model"]["weights"]}, "abc", 7):
