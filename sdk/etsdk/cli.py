@@ -6,6 +6,8 @@
 ``etsdk export``             export a model into a contract's programs (the plugin owning the contract does it)
 ``etsdk generate``           generate tokens with a program, through the runner registered for its contract
 ``etsdk chat``               chat with a program in the terminal (the tokenizer's chat template; /rewind, /save, ...)
+``etsdk new-backend NAME``   write a complete, pip-installable backend plugin that works at once
+``etsdk conformance ID``     run the conformance kit against an installed backend
 ``etsdk --version``
 """
 
@@ -159,6 +161,33 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_new_backend(args: argparse.Namespace) -> int:
+    from etsdk.scaffold import new_backend
+
+    made = new_backend(args.name, args.dir)
+    print(f"wrote {made.directory} (backend id {made.backend_id}):")
+    for path in made.files:
+        print(f"  {path.relative_to(made.directory)}")
+    print(f"next: pip install -e {made.directory} && etsdk plugins && pytest {made.directory / 'tests'}")
+    return 0
+
+
+def _cmd_conformance(args: argparse.Namespace) -> int:
+    from etsdk.conformance import run
+
+    options = {}
+    for raw in args.option:
+        key, sep, value = raw.partition("=")
+        if not sep or not key:
+            raise EtsdkError(f"--option takes key=value, found {raw!r}")
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    code = run(args.backend, options=options, report=args.report, extra_args=["-k", args.k] if args.k else ())
+    return 0 if code == 0 else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="etsdk", description="Pluggable ExecuTorch backends.")
     parser.add_argument("--version", action="version", version=f"etsdk {__version__}")
@@ -215,6 +244,18 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--json", action="store_true", help="one JSON object per reply, command and error")
     chat.add_argument("--verbose", action="store_true", help="also show other libraries' warnings and logs")
     chat.set_defaults(func=_cmd_chat)
+
+    scaffold = sub.add_parser("new-backend", help="write a complete backend plugin (etsdk-NAME/) that works at once")
+    scaffold.add_argument("name", help="a lowercase Python identifier, e.g. my_npu (backend id MyNpuBackend)")
+    scaffold.add_argument("--dir", default=".", help="where to create etsdk-NAME/ (default: the current directory)")
+    scaffold.set_defaults(func=_cmd_new_backend)
+
+    conformance = sub.add_parser("conformance", help="run the conformance kit against installed backends")
+    conformance.add_argument("backend", nargs="+", help="backend ids or short names")
+    conformance.add_argument("--option", action="append", default=[], help="partitioner option key=value (JSON value)")
+    conformance.add_argument("--report", default=None, help="write the JSON report here")
+    conformance.add_argument("-k", default=None, help="only behaviours whose test names match (pytest -k)")
+    conformance.set_defaults(func=_cmd_conformance)
     return parser
 
 
@@ -226,9 +267,10 @@ def _cmd_chat(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from etsdk.quiet import quiet_command_line
+    if args.command in ("export", "generate", "chat", "demo"):
+        from etsdk.quiet import quiet_command_line
 
-    quiet_command_line(verbose=getattr(args, "verbose", False))  # this process only: the library never does
+        quiet_command_line(verbose=getattr(args, "verbose", False))  # this process only: the library never does
     try:
         return int(args.func(args))
     except EtsdkError as exc:

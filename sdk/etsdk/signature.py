@@ -97,7 +97,9 @@ class DelegateSignature:
 
     ``uid`` identifies the delegate (hash of its payload and this signature);
     ``payload_sha256`` is the SHA-256 of the plugin's payload, checked at load;
-    ``operators``: ``(operator name, count)`` of what the delegate computes.
+    ``payload_features``: the features the payload requires when it is an etsdk
+    blob container (``None`` for an opaque payload); ``operators``:
+    ``(operator name, count)`` of what the delegate computes.
     """
 
     inputs: tuple[ArgSpec, ...]
@@ -105,6 +107,7 @@ class DelegateSignature:
     states: tuple[StateBinding, ...] = ()
     operators: tuple[tuple[str, int], ...] = ()
     payload_sha256: str = ""
+    payload_features: tuple[str, ...] | None = None
     uid: str = ""
 
     @property
@@ -151,7 +154,11 @@ class DelegateSignature:
 
     def sealed(self, payload: bytes | memoryview) -> DelegateSignature:
         """This signature with the payload's hash and the uid derived from both."""
-        unsealed = replace(self, payload_sha256=hashlib.sha256(payload).hexdigest(), uid="")
+        try:
+            features: tuple[str, ...] | None = BlobReader.declared_features(payload)[0]
+        except Exception:  # noqa: BLE001 - an opaque payload (not an etsdk container) is allowed
+            features = None
+        unsealed = replace(self, payload_sha256=hashlib.sha256(payload).hexdigest(), payload_features=features, uid="")
         return replace(unsealed, uid=unsealed.computed_uid())
 
     def computed_uid(self) -> str:
@@ -164,6 +171,7 @@ class DelegateSignature:
         return {
             "uid": self.uid,
             "payload_sha256": self.payload_sha256,
+            "payload_features": list(self.payload_features) if self.payload_features is not None else None,
             "inputs": [_arg_json(a) for a in self.inputs],
             "outputs": [_arg_json(a) for a in self.outputs],
             "states": [
@@ -199,6 +207,9 @@ class DelegateSignature:
                 ),
                 operators=tuple((_str(name), _count(count)) for name, count in obj["operators"]),
                 payload_sha256=_str(obj["payload_sha256"]),
+                payload_features=(
+                    None if obj["payload_features"] is None else tuple(_str(f) for f in obj["payload_features"])
+                ),
                 uid=_str(obj["uid"]),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
