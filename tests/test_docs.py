@@ -55,6 +55,11 @@ def test_llm_main_job(tmp_path: Path) -> None:
     assert "matches transformers' eager generate" in result.stdout
     assert "decode" in result.stdout and "tokens/s" in result.stdout
     assert "compiling" in result.stderr  # export progress
+    # quiet: only etsdk's own lines (issue 15), no torchao / torch logging / warnings / progress bars
+    foreign = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith("etsdk")]
+    assert not foreign, "\n".join(foreign[:10])
+    noise = re.compile(r"Warning|^[WEI]\d{4} |Failed to load|it/s\]")
+    assert not [line for line in result.stdout.splitlines() if noise.search(line)], result.stdout
     assert (tmp_path / "tiny-llama.pte").is_file() and (tmp_path / "tiny-llama.tokenizer").is_dir()
 
 

@@ -35,6 +35,7 @@ from etsdk.blob import BlobReader, BlobWriter
 from etsdk.contract import Contract
 from etsdk.dtypes import dtype_name as _dtype_name
 from etsdk.errors import ExportError, ProgramError
+from etsdk.fingerprint import ModelFingerprint
 from etsdk.versioning import check_format
 
 __all__ = [
@@ -56,6 +57,7 @@ PAYLOAD_SECTION = "payload"
 PROGRAM_RECORD_KEY = "etsdk/program"
 PROGRAM_FORMAT = "etsdk.program"
 PROGRAM_FORMAT_MAJOR = 2
+PROGRAM_FORMAT_MINOR = 1  # 2.1: the model fingerprint (etsdk.fingerprint)
 #: Node meta key carrying a node's identity through partitioning (export only, never serialized).
 NODE_ID_META = "etsdk_node_id"
 
@@ -310,12 +312,15 @@ class ProgramRecord:
     contract: Contract | None = None
     producer: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
+    #: weights + state-spec fingerprint (None in records written before format 2.1)
+    model: ModelFingerprint | None = None
 
     def to_bytes(self) -> bytes:
         return json.dumps(
             {
                 "format": PROGRAM_FORMAT,
-                "format_version": [PROGRAM_FORMAT_MAJOR, 0],
+                "format_version": [PROGRAM_FORMAT_MAJOR, PROGRAM_FORMAT_MINOR],
+                "model": self.model.to_json() if self.model is not None else None,
                 "producer": self.producer,
                 "contract": self.contract.to_json() if self.contract is not None else None,
                 "methods": {
@@ -333,7 +338,7 @@ class ProgramRecord:
         except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
             raise ProgramError(f"{where}: etsdk program record is not valid JSON: {type(exc).__name__}") from None
         major, _ = check_format(
-            obj, expected=PROGRAM_FORMAT, major=PROGRAM_FORMAT_MAJOR, minor=0, where=where, error=ProgramError,
+            obj, expected=PROGRAM_FORMAT, major=PROGRAM_FORMAT_MAJOR, minor=PROGRAM_FORMAT_MINOR, where=where, error=ProgramError,
             what="etsdk program record",
         )
         if major < PROGRAM_FORMAT_MAJOR:
@@ -360,7 +365,10 @@ class ProgramRecord:
                 )
             methods[method] = tuple(records)
         producer = obj.get("producer", "")
-        return cls(methods=methods, contract=contract, producer=producer if isinstance(producer, str) else "")
+        model = obj.get("model")
+        if model is not None:
+            model = ModelFingerprint.from_json(model, f"{where}: etsdk program record")
+        return cls(methods=methods, contract=contract, producer=producer if isinstance(producer, str) else "", model=model)
 
 
 # ----------------------------------------------------------------------------- export-time order check
