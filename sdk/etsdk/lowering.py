@@ -350,7 +350,7 @@ def _check_engine_io(method: str, exported: Any, contract: Any) -> None:
     produced = dict(zip([s.arg.name for s in exported.graph_signature.output_specs], output_node.args[0]))
 
     def described(node: Any) -> tuple[str, tuple[int, ...]] | None:
-        value = node.meta.get("val") if hasattr(node, "meta") else None
+        value: Any = node.meta.get("val") if hasattr(node, "meta") else None
         return (_dtype_name(value.dtype), tuple(value.shape)) if hasattr(value, "dtype") else None
 
     contract.check_engine_io(

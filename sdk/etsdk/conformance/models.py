@@ -69,6 +69,7 @@ class CachePair(torch.nn.Module):
         with torch.no_grad():
             for p in self.parameters():
                 p.copy_(torch.randn(p.shape, generator=generator))
+        self.k: torch.Tensor
         self.register_buffer("k", torch.zeros(S, D))
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
