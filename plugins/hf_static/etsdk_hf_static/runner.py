@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,45 +36,17 @@ _MethodInputs = MethodInputs  # the name tests and older callers use
 
 __all__ = [
     "Conversation",
-    "EngineTensor",
     "HfStaticRunner",
     "ProgramMismatchError",
     "Step",
     "check_program",
     "check_tokens",
-    "expected_io",
     "plan_prompt",
 ]
 
 
 class ProgramMismatchError(ContractError):
     """A method's engine inputs or outputs are not what the hf_static metadata implies."""
-
-
-@dataclass(frozen=True, slots=True)
-class EngineTensor:
-    """One engine input or output the runner binds: name, dtype name, shape."""
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-
-    def describe(self) -> str:
-        return f"{self.dtype} {list(self.shape)}"
-
-
-def expected_io(meta: HfStaticMetadata) -> dict[str, tuple[tuple[EngineTensor, ...], tuple[EngineTensor, ...]]]:
-    """Per method: the engine inputs and outputs the runner binds, in binding order."""
-    out: dict[str, tuple[tuple[EngineTensor, ...], tuple[EngineTensor, ...]]] = {}
-    for method, rows in (("prefill", meta.prefill_length), ("decode", 1)):
-        inputs = (
-            EngineTensor("input_ids", "int64", (1, rows)),
-            EngineTensor("positions", "int64", (rows,)),
-            EngineTensor("attention_mask", "bool", (1, 1, rows, meta.context_length)),
-        )
-        outputs = (EngineTensor("logits", meta.logits_dtype, (1, rows, meta.vocab_size)),)
-        out[method] = (inputs, outputs)
-    return out
 
 
 def check_program(record: Contract | None, infos: Mapping[str, MethodInfo]) -> HfStaticMetadata:
@@ -98,7 +69,7 @@ def check_program(record: Contract | None, infos: Mapping[str, MethodInfo]) -> H
     extra = sorted(set(found_states) - set(expected_states))
     if extra:
         raise ProgramMismatchError(f"unexpected state(s) {', '.join(extra)} for {meta.layers} layers")
-    for method, (inputs, outputs) in expected_io(meta).items():
+    for method in ("prefill", "decode"):
         if method not in infos:
             raise ProgramMismatchError(f"the program has no method '{method}' (methods: {', '.join(sorted(infos))})")
         for bound in (i for i in record.method(method).inputs if i.state is not None):
@@ -108,18 +79,13 @@ def check_program(record: Contract | None, infos: Mapping[str, MethodInfo]) -> H
                     f"the state is {found_states.get(bound.state or '')}"
                 )
         info = infos[method]
-        for side, wanted, present in (("input", inputs, info.inputs), ("output", outputs, info.outputs)):
-            if len(present) != len(wanted):
-                raise ProgramMismatchError(
-                    f"method '{method}' has {len(present)} engine {side}(s), expected {len(wanted)} "
-                    f"({', '.join(w.name for w in wanted)})"
-                )
-            for index, (want, tensor) in enumerate(zip(wanted, present)):
-                if tensor is None or (dtype_name(tensor.dtype), tuple(tensor.shape)) != (want.dtype, want.shape):
-                    found = "a non-tensor value" if tensor is None else f"{dtype_name(tensor.dtype)} {list(tensor.shape)}"
-                    raise ProgramMismatchError(
-                        f"method '{method}' {side} {index} ('{want.name}'): expected {want.describe()}, found {found}"
-                    )
+        record.check_engine_io(  # the one engine-I/O check export and load make too
+            method,
+            [None if t is None else (dtype_name(t.dtype), tuple(t.shape)) for t in info.inputs],
+            [None if t is None else (dtype_name(t.dtype), tuple(t.shape)) for t in info.outputs],
+            where="hf_static runner",
+            error=ProgramMismatchError,
+        )
     return meta
 
 

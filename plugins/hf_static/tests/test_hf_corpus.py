@@ -148,21 +148,21 @@ def _extra_output(method: str) -> Callable[[dict[str, MethodInfo]], dict[str, Me
 IO_CASES: list[tuple[str, Callable[[dict[str, MethodInfo]], dict[str, MethodInfo]], str]] = [
     ("missing decode method", _without("decode"), "no method 'decode'"),
     ("wrong method name", _renamed("prefill", "prefil"), "no method 'prefill'"),
-    ("prefill lacks the mask input", _io("prefill", "inputs", 2, drop=True), "has 2 engine input(s), expected 3"),
-    ("mask of rank 3", _io("prefill", "inputs", 2, shape=(1, T, S)), f"input 2 ('attention_mask'): expected bool [1, 1, {T}, {S}], found bool [1, {T}, {S}]"),
+    ("prefill lacks the mask input", _io("prefill", "inputs", 2, drop=True), "has 2 engine input(s), contract 'hf_static' v1 binds 3"),
+    ("mask of rank 3", _io("prefill", "inputs", 2, shape=(1, T, S)), f"input 2 ('attention_mask', role mask): expected bool [1, 1, {T}, {S}], found bool [1, {T}, {S}]"),
     ("mask equal bytes other dtype", _io("decode", "inputs", 2, dtype=torch.uint8), "found uint8"),
     ("mask equal bytes other shape", _io("prefill", "inputs", 2, shape=(1, 1, S, T)), f"found bool [1, 1, {S}, {T}]"),
-    ("float mask", _io("decode", "inputs", 2, dtype=torch.float32), "input 2 ('attention_mask'): expected bool"),
-    ("tokens int32", _io("prefill", "inputs", 0, dtype=torch.int32), "input 0 ('input_ids'): expected int64"),
+    ("float mask", _io("decode", "inputs", 2, dtype=torch.float32), "input 2 ('attention_mask', role mask): expected bool"),
+    ("tokens int32", _io("prefill", "inputs", 0, dtype=torch.int32), "input 0 ('input_ids', role tokens): expected int64"),
     ("tokens equal bytes other shape", _io("prefill", "inputs", 0, shape=(T, 1)), f"found int64 [{T}, 1]"),
-    ("positions equal bytes float64", _io("prefill", "inputs", 1, dtype=torch.float64), "input 1 ('positions'): expected int64"),
+    ("positions equal bytes float64", _io("prefill", "inputs", 1, dtype=torch.float64), "input 1 ('positions', role positions): expected int64"),
     ("decode positions of two rows", _io("decode", "inputs", 1, shape=(2,)), "expected int64 [1], found int64 [2]"),
     ("non-tensor input", _io("decode", "inputs", 0, none=True), "found a non-tensor value"),
     ("logits equal bytes other shape", _io("prefill", "outputs", 0, shape=(1, V, T)), f"found float32 [1, {V}, {T}]"),
     ("logits vocab mismatch", _io("decode", "outputs", 0, shape=(1, 1, V + 1)), f"expected float32 [1, 1, {V}], found float32 [1, 1, {V + 1}]"),
-    ("logits not the last output", _extra_output("prefill"), "has 2 engine output(s), expected 1"),
+    ("logits not the last output", _extra_output("prefill"), "has 2 engine output(s), contract 'hf_static' v1 binds 1"),
     ("decode logits of T rows", _io("decode", "outputs", 0, shape=(1, T, V)), f"found float32 [1, {T}, {V}]"),
-    ("logits half precision", _io("prefill", "outputs", 0, dtype=torch.float16), "output 0 ('logits'): expected float32"),
+    ("logits half precision", _io("prefill", "outputs", 0, dtype=torch.float16), "output 0 ('logits', role logits): expected float32"),
 ]
 
 
