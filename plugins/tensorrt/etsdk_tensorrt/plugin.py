@@ -1,30 +1,40 @@
-"""Registration of etsdk-tensorrt.
+"""Registration of etsdk-tensorrt (imports neither torch nor tensorrt).
 
-Registers the backend id with an availability probe that never imports
-tensorrt. This release does not implement the backend yet: its factories
-refuse with a clear error, and the probe reports it unavailable everywhere.
+The factories import the partitioner, serializer and runtime binding only when
+the backend is used; the probe says whether engines can run here, and why not.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from etsdk import hookimpl
-from etsdk.errors import BackendUnavailableError
-from etsdk.registration import BackendSpec, Capability
+from etsdk import Availability, BackendSpec, Capability, hookimpl
 
 from etsdk_tensorrt import BACKEND_ID
 
 ETSDK_PLUGIN_API = ">=1,<2"
+VERSION = "0.1.0"
 
 
-def _not_implemented(*_: Any, **__: Any) -> Any:
-    from etsdk_tensorrt.availability import probe
+def _partitioner(**options: Any) -> Any:
+    from etsdk_tensorrt.partitioner import TensorRTPartitioner
 
-    raise BackendUnavailableError(f"backend '{BACKEND_ID}' cannot run here: {probe().reason}", backend_id=BACKEND_ID)
+    return TensorRTPartitioner(**options)
 
 
-def _probe() -> Any:
+def _preprocess(edge_program: Any, compile_specs: Any) -> Any:
+    from etsdk_tensorrt.serializer import preprocess
+
+    return preprocess(edge_program, compile_specs)
+
+
+def _runtime() -> Any:
+    from etsdk_tensorrt.runtime import TensorRTBindingV1
+
+    return TensorRTBindingV1()
+
+
+def _probe() -> Availability:
     from etsdk_tensorrt.availability import probe
 
     return probe()
@@ -35,12 +45,12 @@ def etsdk_register_backends() -> list[BackendSpec]:
     return [
         BackendSpec(
             id=BACKEND_ID,
-            version="0.0.1",
-            partitioner=_not_implemented,
-            preprocess=_not_implemented,
-            runtime=_not_implemented,
-            capabilities=frozenset({Capability.CUDA}),
+            version=VERSION,
+            partitioner=_partitioner,
+            preprocess=_preprocess,
+            runtime=_runtime,
+            capabilities=frozenset({Capability.CUDA, Capability.CALLER_OWNED_STATE, Capability.NAMED_DATA}),
             probe=_probe,
-            description="TensorRT engines (not implemented in this release)",
+            description="TensorRT engines built from the partition's ONNX, caller-owned state bound in place",
         )
     ]
