@@ -1,4 +1,4 @@
-"""In-process test backends built from the reference backend's parts."""
+"""In-process test backends built from the reference backend's parts (public API only)."""
 
 from __future__ import annotations
 
@@ -7,36 +7,56 @@ from collections.abc import Callable
 from typing import Any
 
 import etsdk
+from etsdk.backend import Option
 from etsdk.backends.reference.runtime import ReferenceBinding
 
 
 def make_backend_plugin(
-    backend_id: str, binding: Callable[[], Any], *, module_name: str | None = None, state_device: str | None = None
+    backend_id: str,
+    binding: Callable[[], Any],
+    *,
+    module_name: str | None = None,
+    state_device: str | None = None,
+    keep_whole: tuple[Any, ...] = (),
+    partitioner: Callable[..., Any] | None = None,
 ) -> types.ModuleType:
     """A plugin module providing ``backend_id`` with the reference partitioner/serializer and ``binding``.
 
-    ``state_device``: the partitioner asks for caller-owned state on that device.
+    ``state_device``: the partitioner asks for caller-owned state on that device. ``keep_whole``: operators
+    the partitioner keeps out of decompositions. ``partitioner``: replaces the reference partitioner.
     """
 
-    def partitioner(**options: Any) -> Any:
+    def make_partitioner(**options: Any) -> Any:
+        if partitioner is not None:
+            return partitioner(**options)
         from etsdk.backends.reference.partitioner import ReferencePartitioner
 
         made = ReferencePartitioner(backend_id=backend_id, **options)
+        made.keep_whole = keep_whole
         if state_device is not None:
-            made.state_device = state_device  # type: ignore[attr-defined]
+            made.state_device = state_device
         return made
 
-    def preprocess(edge_program: Any, compile_specs: Any) -> Any:
+    def preprocess(partition: Any) -> Any:
         from etsdk.backends.reference.serializer import preprocess as reference_preprocess
 
-        return reference_preprocess(edge_program, compile_specs)
+        return reference_preprocess(partition)
 
     module = types.ModuleType(module_name or f"plugin_{backend_id}")
-    module.ETSDK_PLUGIN_API = ">=1,<2"  # type: ignore[attr-defined]
+    module.ETSDK_PLUGIN_API = ">=2,<3"  # type: ignore[attr-defined]
 
     @etsdk.hookimpl
     def etsdk_register_backends() -> list[etsdk.BackendSpec]:
-        return [etsdk.BackendSpec(id=backend_id, version="0", partitioner=partitioner, preprocess=preprocess, runtime=binding)]
+        return [
+            etsdk.BackendSpec(
+                id=backend_id,
+                version="0",
+                partitioner=make_partitioner,
+                preprocess=preprocess,
+                runtime=binding,
+                options=(Option("ops", (list, tuple, set, frozenset), None, "aten operators to claim"),),
+            )
+        ]
 
     module.etsdk_register_backends = etsdk_register_backends  # type: ignore[attr-defined]
     return module
@@ -53,7 +73,7 @@ class RaisingBinding(ReferenceBinding):
             raise LookupError("init refused: blob checksum 0xdead")
         handle = super().init(context)
 
-        def execute(args: Any) -> None:
+        def execute(args: Any, state: Any) -> None:
             fail_in_binding(args)
 
         handle.execute = execute

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import threading
 from pathlib import Path
 from typing import Any
@@ -44,9 +43,7 @@ def programs(model: MLP, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
     root = tmp_path_factory.mktemp("programs")
     embedded = etsdk.lower(module=model, example_inputs=EXAMPLE, backend=BACKEND_ID)
     embedded.save(root / "embedded" / "mlp.pte")
-    external = etsdk.lower(
-        module=model, example_inputs=EXAMPLE, backend=BACKEND_ID, partitioner_options={"external_data": "weights"}
-    )
+    external = etsdk.lower(module=model, example_inputs=EXAMPLE, backend=BACKEND_ID, external_data="weights")
     assert external.data_files == ("weights",)
     external.save(root / "external" / "mlp.pte")
     return {
@@ -117,7 +114,7 @@ class SpyBinding(ReferenceBinding):
     records: dict[str, Any] = {}
 
     def init(self, context: Any) -> Any:
-        keys = [k for k in context.named_data.keys() if k.startswith("etsdk_ref/")]  # this delegate's weights
+        keys = [k for k in context.named_data.keys() if k.startswith(f"{context.backend_id}/")]  # this delegate's weights
         buffers = [context.named_data.get(k) for k in keys]
         self.records["named_data"] = [_mapping_of(_address(b)) for b in buffers]
         self.records["blob"] = _mapping_of(_address(context.blob))
@@ -125,11 +122,11 @@ class SpyBinding(ReferenceBinding):
         inner = handle.execute
         records = self.records
 
-        def execute(args: Any) -> None:
+        def execute(args: Any, state: Any) -> None:
             records.setdefault("calls", []).append(
                 [(a.data_ptr(), a.is_contiguous()) for a in args if isinstance(a, torch.Tensor)]
             )
-            inner(args)
+            inner(args, state)
             records["written"] = args[-1].clone()
 
         handle.execute = execute
@@ -144,7 +141,7 @@ def spy_programs(model: MLP, tmp_path_factory: pytest.TempPathFactory) -> dict[s
         module=model,
         example_inputs=EXAMPLE,
         backend="EtsdkSpyBackend",
-        partitioner_options={"external_data": "spyweights"},
+        external_data="spyweights",
     )
     lowered.save(root / "spy.pte")
     return {"pte": root / "spy.pte", "ptd": root / "spyweights.ptd"}
@@ -296,23 +293,16 @@ def test_calls_from_several_threads(programs: dict[str, Path], model: MLP) -> No
     assert failures == []
 
 
-def test_blob_requiring_unknown_feature_fails_closed(programs: dict[str, Path], tmp_path: Path) -> None:
-    from etsdk.blob import BLOB_MAGIC
+def test_blob_requiring_unknown_feature_fails_closed(model: MLP, tmp_path: Path) -> None:
+    """A self-consistent program whose reference payload requires a feature this reader lacks: refused at init."""
+    from etsdk.testing import transform_payloads, with_required_feature
 
-    data = bytearray(programs["embedded"].read_bytes())
-    start = data.find(BLOB_MAGIC)
-    assert start > 0
-    needle = b'"reference.graph.v1"'
-    at = data.find(needle, start)
-    assert at > 0
-    data[at : at + len(needle)] = b'"reference.graph.v9"'  # same length: only the feature changes
-    bad = tmp_path / "future.pte"
-    bad.write_bytes(bytes(data))
-    program = etsdk.load(bad)
+    with transform_payloads(lambda backend, method, payload: with_required_feature(payload, "reference.graph.v9")):
+        etsdk.lower(module=model, example_inputs=EXAMPLE, backend=BACKEND_ID).save(tmp_path / "future.pte")
+    program = etsdk.load(tmp_path / "future.pte")
     with pytest.raises(etsdk.UnsupportedFeatureError, match="requires feature\\(s\\) reference.graph.v9") as info:
         program.load_method("forward")
     assert info.value.feature == "reference.graph.v9"
-    shutil.rmtree(tmp_path, ignore_errors=True)
 
 
 def test_missing_compiler_says_what_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

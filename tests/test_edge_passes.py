@@ -28,7 +28,7 @@ def relu_to_abs(graph_module: torch.fx.GraphModule) -> None:
 
 def _pass_plugin(backend_id: str) -> types.ModuleType:
     module = types.ModuleType("edge_pass_plugin")
-    module.ETSDK_PLUGIN_API = ">=1,<2"  # type: ignore[attr-defined]
+    module.ETSDK_PLUGIN_API = ">=2,<3"  # type: ignore[attr-defined]
 
     @etsdk.hookimpl
     def etsdk_edge_transform_passes(backend_id: str) -> list[Any] | None:
@@ -56,3 +56,47 @@ def test_pass_runs_only_for_its_backend(tmp_path: Path) -> None:
     etsdk.lower(module=Relu(), example_inputs=(x,), backend="EtsdkReferenceBackend").save(tmp_path / "b.pte")
     assert CALLS == []
     torch.testing.assert_close(etsdk.load(tmp_path / "b.pte").run("forward", x)[0], torch.relu(x) * 2)
+
+
+def test_a_plugin_that_lost_its_claim_on_a_backend_contributes_no_passes_for_it(tmp_path: Path) -> None:
+    """A plugin claiming the core's reference backend has that record refused, and its passes for it ignored."""
+    from etsdk.testing import PluginSite
+
+    site = PluginSite(tmp_path / "site")
+    site.add(
+        "shadow-dist",
+        """
+        from etsdk import hookimpl, BackendSpec
+        ETSDK_PLUGIN_API = ">=2,<3"
+        CALLED = []
+
+        def _factory(*a, **k):
+            raise RuntimeError("never used: the record is refused")
+
+        def mark(graph_module):
+            raise AssertionError("a refused plugin's pass ran")
+
+        @hookimpl
+        def etsdk_register_backends():
+            return [BackendSpec(id="EtsdkReferenceBackend", version="9", partitioner=_factory, preprocess=_factory,
+                                runtime=_factory),
+                    BackendSpec(id="ShadowOwnBackend", version="9", partitioner=_factory, preprocess=_factory,
+                                runtime=_factory)]
+
+        @hookimpl
+        def etsdk_edge_transform_passes(backend_id):
+            return [mark]
+        """,
+        plugin="shadow",
+    )
+    result = site.run_python(
+        f"""
+        import torch, etsdk
+        x = torch.tensor([-1.0, 2.0])
+        m = torch.nn.ReLU()
+        etsdk.lower(module=m, example_inputs=(x,), backend="EtsdkReferenceBackend").save({str(tmp_path / "r.pte")!r})
+        print("OUT", etsdk.load({str(tmp_path / "r.pte")!r}).run("forward", x)[0].tolist())
+        """
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "OUT [0.0, 2.0]" in result.stdout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import etsdk
@@ -18,16 +19,24 @@ class TwoInputs(torch.nn.Module):
 EXAMPLE = (torch.randn(2, 8), torch.randn(2, 8))
 
 
-def _edge() -> object:
+def _edge() -> tuple[object, object]:
+    """The reference backend's lowering of TwoInputs, through the core's partitioner wrapper."""
     from etsdk.backends.reference.partitioner import ReferencePartitioner
-    from etsdk.lowering import backend_details_class
+    from etsdk.delegation import CorePartitioner, LoweringContext, backend_details_class
     from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
 
     backend_details_class(BACKEND_ID)
+    context = LoweringContext()
+    wrapper = CorePartitioner(ReferencePartitioner(), BACKEND_ID, "forward", context)
+    context.partitioners["forward"] = [wrapper]
     exported = torch.export.export(TwoInputs(), EXAMPLE)
-    return to_edge_transform_and_lower(
-        exported, partitioner=[ReferencePartitioner()], compile_config=EdgeCompileConfig(_check_ir_validity=False)
-    )
+    with context:
+        edge = to_edge_transform_and_lower(
+            {"forward": exported},
+            partitioner={"forward": [wrapper.partitioner]},
+            compile_config=EdgeCompileConfig(_check_ir_validity=False),
+        )
+    return edge, context
 
 
 def _delegate_call(graph_module: torch.fx.GraphModule) -> torch.fx.Node:
@@ -37,21 +46,41 @@ def _delegate_call(graph_module: torch.fx.GraphModule) -> torch.fx.Node:
 def test_signatures_match_the_engine_order() -> None:
     from etsdk.signature import check_binding_order
 
-    gm = _edge().exported_program().graph_module  # type: ignore[attr-defined]
-    (record,) = check_binding_order("forward", gm, {BACKEND_ID})
+    edge, context = _edge()
+    gm = edge.exported_program("forward").graph_module  # type: ignore[attr-defined]
+    (record,) = check_binding_order("forward", gm, context.sealed)  # type: ignore[attr-defined]
     assert [a.name for a in record.signature.inputs] == ["a", "b"]
     assert [(a.dtype, a.shape) for a in record.signature.outputs] == [("float32", (2, 8))] * 2
+    assert dict(record.signature.operators)["aten::mul.Tensor"] == 2
 
 
 def test_permuted_engine_arguments_are_an_export_error() -> None:
     from etsdk.signature import check_binding_order
 
-    gm = _edge().exported_program().graph_module  # type: ignore[attr-defined]
+    edge, context = _edge()
+    gm = edge.exported_program("forward").graph_module  # type: ignore[attr-defined]
     call = _delegate_call(gm)
     lowered, a, b = call.args
     call.args = (lowered, b, a)  # a buggy pass swapping the delegate's arguments
     with pytest.raises(etsdk.ExportError, match="engine binds arguments \\['b', 'a'\\] but the delegate expects \\['a', 'b'\\]"):
-        check_binding_order("forward", gm, {BACKEND_ID})
+        check_binding_order("forward", gm, context.sealed)  # type: ignore[attr-defined]
+
+
+def test_same_shaped_arguments_from_other_nodes_are_refused_by_identity() -> None:
+    """Names and shapes can agree while the nodes differ: identity is what is checked."""
+    from etsdk.signature import NODE_ID_META, check_binding_order
+
+    edge, context = _edge()
+    gm = edge.exported_program("forward").graph_module  # type: ignore[attr-defined]
+    call = _delegate_call(gm)
+    lowered, a, b = call.args
+    with gm.graph.inserting_before(call):
+        impostor = gm.graph.call_function(torch.ops.aten.clone.default, (a,))
+    impostor.name = "a_clone"
+    impostor.meta = {"val": a.meta["val"], NODE_ID_META: "someone-else"}
+    call.args = (lowered, impostor, b)
+    with pytest.raises(etsdk.ExportError, match="first difference at position 0"):
+        check_binding_order("forward", gm, context.sealed)  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="module")
@@ -62,15 +91,12 @@ def pte(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _record_span(data: bytes) -> tuple[int, int]:
-    """Where the program record's JSON lies in the .pte (not the blob's own signature)."""
-    import json
-
     start = data.index(b'{"format":"etsdk.program"')
     _, length = json.JSONDecoder().raw_decode(data[start:].decode("latin-1"))
     return start, start + length
 
 
-def test_record_disagreeing_with_delegate_order_is_refused_at_load(pte: Path, tmp_path: Path) -> None:
+def test_a_record_edited_after_export_is_refused_at_load(pte: Path, tmp_path: Path) -> None:
     program = etsdk.load(pte)
     a, b = EXAMPLE
     torch.testing.assert_close(program.run("forward", a, b)[0], a * 2 - b)
@@ -80,17 +106,38 @@ def test_record_disagreeing_with_delegate_order_is_refused_at_load(pte: Path, tm
     assert record.count(b'"name":"a"') == 1 and record.count(b'"name":"b"') == 1
     swapped = record.replace(b'"name":"a"', b'"name":"#"').replace(b'"name":"b"', b'"name":"a"').replace(b'"name":"#"', b'"name":"b"')
     bad = tmp_path / "swapped.pte"
-    bad.write_bytes(data[:start] + swapped + data[start + len(record) :])
-    with pytest.raises(etsdk.ProgramError, match="signature does not match the program record \\(binding order or types differ\\)"):
+    bad.write_bytes(data[:start] + swapped + data[end:])
+    with pytest.raises(etsdk.ProgramError, match="program record's entry for this delegate was altered"):
         etsdk.load(bad).load_method("forward")
 
 
 def test_arguments_not_matching_the_signature_are_refused_before_the_binding_runs(pte: Path, tmp_path: Path) -> None:
-    # Record and blob agree with each other but not with what the runtime binds.
+    """A consistent record (uid recomputed) that disagrees with what the runtime binds: the first call refuses."""
+    from etsdk.signature import DelegateSignature
+
     data = pte.read_bytes()
-    assert data.count(b'"name":"a","dtype":"float32","shape":[2,8]') == 2
+    start, end = _record_span(data)
+    obj = json.loads(data[start:end])
+    signature = obj["methods"]["forward"][0]["signature"]
+    old_uid = signature["uid"]
+    signature["inputs"][0]["shape"] = [8, 2]
+    new_uid = DelegateSignature.from_json(signature, "test").computed_uid()
+    signature["uid"] = new_uid
+    new_record = json.dumps(obj, separators=(",", ":")).encode()
+    assert len(new_record) == end - start
+    patched = (data[:start] + new_record + data[end:]).replace(old_uid.encode(), new_uid.encode())
     bad = tmp_path / "reshaped.pte"
-    bad.write_bytes(data.replace(b'"name":"a","dtype":"float32","shape":[2,8]', b'"name":"a","dtype":"float32","shape":[8,2]'))
+    bad.write_bytes(patched)
     program = etsdk.load(bad)
     with pytest.raises(etsdk.ProgramError, match="argument 0 is float32 \\[2, 8\\], the signature binds 'a' float32 \\[8, 2\\]"):
         program.run("forward", *EXAMPLE)
+
+
+def test_a_flipped_payload_byte_is_refused_before_the_backend_parses_it(pte: Path, tmp_path: Path) -> None:
+    data = bytearray(pte.read_bytes())
+    at = data.index(b'"nodes":[') + 12  # inside the reference backend's graph JSON
+    data[at] ^= 0x01
+    bad = tmp_path / "flipped.pte"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(etsdk.ProgramError, match="payload is corrupted"):
+        etsdk.load(bad).load_method("forward")

@@ -11,7 +11,7 @@ from tests.conftest import plugins_json
 
 GOOD = """
     from etsdk import hookimpl, BackendSpec
-    ETSDK_PLUGIN_API = ">=1,<2"
+    ETSDK_PLUGIN_API = ">=2,<3"
 
     def _factory(*a, **k):
         raise RuntimeError("not used in this test")
@@ -39,7 +39,7 @@ def test_installed_plugins_are_listed_with_status(site: PluginSite) -> None:
     assert trt["status"] == "unavailable"
     assert "TensorRT runtime libraries not found" in trt["reason"]
     for entry in listed.values():
-        assert set(entry) == {"name", "distribution", "version", "backends", "contracts", "runners", "status", "reason"}
+        assert set(entry) == {"name", "distribution", "version", "backends", "contracts", "runners", "status", "reason", "refused"}
 
 
 def test_table_output_and_version(site: PluginSite) -> None:
@@ -85,7 +85,7 @@ def test_registration_that_raises_is_isolated(site: PluginSite) -> None:
         "raising-dist",
         """
         from etsdk import hookimpl
-        ETSDK_PLUGIN_API = ">=1,<2"
+        ETSDK_PLUGIN_API = ">=2,<3"
 
         @hookimpl
         def etsdk_register_backends():
@@ -112,14 +112,14 @@ def test_strict_mode_turns_failure_into_error(site: PluginSite) -> None:
 @pytest.mark.parametrize(
     ("declared", "status", "fragment"),
     [
-        ('">=2,<3"', "skipped", "supports etsdk plugin API >=2,<3 but this etsdk"),
+        ('">=1,<2"', "skipped", "supports etsdk plugin API >=1,<2 but this etsdk"),
         ("None", "skipped", "does not declare ETSDK_PLUGIN_API"),
         ('"not a range"', "skipped", "invalid ETSDK_PLUGIN_API"),
-        ('">=1"', "ok", None),
+        ('">=2"', "ok", None),
     ],
 )
 def test_plugin_api_range(site: PluginSite, declared: str, status: str, fragment: str | None) -> None:
-    source = good("RangeBackend").replace('ETSDK_PLUGIN_API = ">=1,<2"', f"ETSDK_PLUGIN_API = {declared}")
+    source = good("RangeBackend").replace('ETSDK_PLUGIN_API = ">=2,<3"', f"ETSDK_PLUGIN_API = {declared}")
     if declared == "None":
         source = source.replace("ETSDK_PLUGIN_API = None\n", "")
     site.add("range-dist", source, plugin="ranged")
@@ -131,37 +131,164 @@ def test_plugin_api_range(site: PluginSite, declared: str, status: str, fragment
         assert fragment in entry["reason"]
         assert "\n" not in entry["reason"]
         assert entry["backends"] == []
-    if declared == '">=2,<3"':
-        assert "provides API 1" in entry["reason"]
+    if declared == '">=1,<2"':
+        assert "provides API 2" in entry["reason"]
 
 
-def test_duplicate_backend_id_names_both_distributions(site: PluginSite) -> None:
-    site.add("first-dist", good("SharedBackend"), plugin="first", version="1.2")
-    site.add("second-dist", good("SharedBackend"), plugin="second", version="3.4")
+TWO_BACKENDS = """
+    from etsdk import hookimpl, BackendSpec, ContractSpec
+    from pathlib import Path
+    ETSDK_PLUGIN_API = ">=2,<3"
+
+    def _factory(*a, **k):
+        raise RuntimeError("not used in this test")
+
+    @hookimpl
+    def etsdk_register_backends():
+        return [BackendSpec(id=b, version="1.0", partitioner=_factory, preprocess=_factory, runtime=_factory)
+                for b in {backends!r}]
+"""
+
+
+def two_backends(*backends: str) -> str:
+    return TWO_BACKENDS.replace("{backends!r}", repr(list(backends)))
+
+
+def test_duplicate_backend_id_refuses_that_record_of_both_and_nothing_else(site: PluginSite) -> None:
+    site.add("first-dist", two_backends("SharedBackend", "FirstOwnBackend"), plugin="first", version="1.2")
+    site.add("second-dist", two_backends("SharedBackend", "SecondOwnBackend"), plugin="second", version="3.4")
     listed = plugins_json(site)
     for name in ("first", "second"):
-        assert listed[name]["status"] == "failed"
-        assert "backend id 'SharedBackend' is claimed by both" in listed[name]["reason"]
-        assert "first-dist 1.2" in listed[name]["reason"] and "second-dist 3.4" in listed[name]["reason"]
+        assert listed[name]["status"] == "ok"
+        (refusal,) = listed[name]["refused"]
+        assert "backend id 'SharedBackend' is claimed by both" in refusal
+        assert "first-dist 1.2" in refusal and "second-dist 3.4" in refusal
     lookup = site.run_python(
         """
         import etsdk
+        print("OWN", etsdk.get_backend("FirstOwnBackend").id, etsdk.get_backend("SecondOwnBackend").id)
         try:
             etsdk.get_backend("SharedBackend")
         except etsdk.PluginConflictError as e:
             print("CONFLICT", e)
         """
     )
+    assert "OWN FirstOwnBackend SecondOwnBackend" in lookup.stdout, lookup.stderr
     assert "CONFLICT backend id 'SharedBackend' is claimed by both first-dist 1.2" in lookup.stdout, lookup.stderr
+    table = site.run_etsdk(["plugins"])
+    assert "first: refused: backend id 'SharedBackend'" in table.stdout
     strict = site.run_etsdk(["plugins"], {"ETSDK_STRICT_PLUGINS": "1"})
     assert strict.returncode == 2 and "SharedBackend" in strict.stderr
 
 
-def test_duplicate_backend_id_with_the_core_is_refused(site: PluginSite) -> None:
-    site.add("shadow-dist", good("EtsdkReferenceBackend"), plugin="shadow")
+def test_a_plugin_whose_only_record_is_refused_has_failed(site: PluginSite) -> None:
+    site.add("first-dist", good("SharedBackend"), plugin="first")
+    site.add("second-dist", good("SharedBackend"), plugin="second")
     listed = plugins_json(site)
-    assert listed["shadow"]["status"] == "failed"
-    assert "etsdk 0.1.0" in listed["shadow"]["reason"] and "shadow-dist 1.0" in listed["shadow"]["reason"]
+    assert listed["first"]["status"] == listed["second"]["status"] == "failed"
+    assert "claimed by both" in listed["first"]["reason"]
+
+
+def test_a_plugin_cannot_take_over_a_core_backend(site: PluginSite) -> None:
+    site.add("shadow-dist", two_backends("EtsdkReferenceBackend", "ShadowOwnBackend"), plugin="shadow")
+    listed = plugins_json(site)
+    assert listed["reference"]["status"] == "ok" and listed["reference"]["refused"] == []
+    assert listed["shadow"]["status"] == "ok"
+    (refusal,) = listed["shadow"]["refused"]
+    assert "backend id 'EtsdkReferenceBackend' belongs to the etsdk core" in refusal and "shadow-dist 1.0" in refusal
+    lookup = site.run_python(
+        """
+        import etsdk
+        spec = etsdk.get_backend("EtsdkReferenceBackend")
+        print("OWNER", spec.partitioner.__module__, etsdk.get_backend("ShadowOwnBackend").id)
+        """
+    )
+    assert "OWNER etsdk.backends.reference.plugin ShadowOwnBackend" in lookup.stdout, lookup.stderr
+
+
+CONTRACTS = """
+    from pathlib import Path
+    from etsdk import hookimpl, ContractSpec, RunnerSpec
+    ETSDK_PLUGIN_API = ">=2,<3"
+    HERE = Path(__file__).resolve().parent
+
+    @hookimpl
+    def etsdk_register_contracts():
+        return [ContractSpec(name="kv_decoder", version={version}, path=HERE / "kv_decoder_{version}.json")]
+
+    @hookimpl
+    def etsdk_register_runners():
+        return [RunnerSpec(contract="kv_decoder", factory=lambda program: None, versions=({version},))]
+"""
+
+
+def _contract_plugin(site: PluginSite, version: int) -> None:
+    import etsdk
+
+    spec = etsdk.get_contract("kv_decoder", 1)
+    text = spec.path.read_text().replace('"version": 1', f'"version": {version}')
+    (site.root / f"kv_decoder_{version}.json").write_text(text)
+    site.add(f"contracts-v{version}", CONTRACTS.replace("{version}", str(version)), plugin=f"contracts{version}")
+
+
+def test_a_plugin_cannot_take_over_a_core_contract_and_its_runner_goes_with_it(site: PluginSite) -> None:
+    _contract_plugin(site, 1)
+    listed = plugins_json(site)
+    assert listed["core"]["status"] == "ok" and listed["core"]["refused"] == []
+    assert listed["contracts1"]["status"] == "failed"
+    refused = listed["contracts1"]["refused"]
+    assert any("contract 'kv_decoder' v1 belongs to the etsdk core" in r for r in refused)
+    assert any("runner for contract 'kv_decoder' v1 refused: the plugin's own contract record was refused" in r for r in refused)
+    lookup = site.run_python(
+        """
+        import etsdk
+        print("PATH", etsdk.get_contract("kv_decoder", 1).path.parent.parent.name)
+        """
+    )
+    assert "PATH contracts" in lookup.stdout, lookup.stderr
+
+
+def test_a_new_contract_version_from_a_plugin_coexists_with_the_core_one(site: PluginSite) -> None:
+    _contract_plugin(site, 2)
+    listed = plugins_json(site)
+    assert listed["contracts2"]["status"] == "ok" and listed["contracts2"]["refused"] == []
+    lookup = site.run_python(
+        """
+        import etsdk
+        print("V1", etsdk.get_contract("kv_decoder", 1).path.name, "V2", etsdk.get_contract("kv_decoder", 2).path.name)
+        print("RUNNER", etsdk.get_runner("kv_decoder", 2).versions)
+        """
+    )
+    assert "V1 1.json V2 kv_decoder_2.json" in lookup.stdout, lookup.stderr
+    assert "RUNNER (2,)" in lookup.stdout
+
+
+def test_get_runner_honours_conflicts(site: PluginSite) -> None:
+    runner = """
+        from etsdk import hookimpl, RunnerSpec
+        ETSDK_PLUGIN_API = ">=2,<3"
+
+        @hookimpl
+        def etsdk_register_runners():
+            return [RunnerSpec(contract="shared_contract", factory=lambda program: None)]
+    """
+    site.add("runner-a", runner, plugin="ra")
+    site.add("runner-b", runner, plugin="rb")
+    result = site.run_python(
+        """
+        import etsdk
+        try:
+            etsdk.get_runner("shared_contract", 1)
+        except etsdk.PluginConflictError as e:
+            print("CONFLICT", e)
+        try:
+            etsdk.get_runner("shared_contract")
+        except etsdk.PluginConflictError as e:
+            print("CONFLICT2", e)
+        """
+    )
+    assert "CONFLICT runner for contract 'shared_contract' v1 is claimed by both runner-a" in result.stdout, result.stderr
+    assert "CONFLICT2" in result.stdout
 
 
 def test_allow_and_deny_lists(site: PluginSite) -> None:
@@ -186,7 +313,7 @@ def test_allow_and_deny_lists(site: PluginSite) -> None:
         (
             """
             from etsdk import hookimpl
-            ETSDK_PLUGIN_API = ">=1,<2"
+            ETSDK_PLUGIN_API = ">=2,<3"
             @hookimpl
             def etsdk_register_backend():
                 return []
@@ -196,7 +323,7 @@ def test_allow_and_deny_lists(site: PluginSite) -> None:
         (
             """
             from etsdk import hookimpl
-            ETSDK_PLUGIN_API = ">=1,<2"
+            ETSDK_PLUGIN_API = ">=2,<3"
             @hookimpl
             def etsdk_edge_transform_passes(backend, extra):
                 return None
@@ -205,7 +332,7 @@ def test_allow_and_deny_lists(site: PluginSite) -> None:
         ),
         (
             """
-            ETSDK_PLUGIN_API = ">=1,<2"
+            ETSDK_PLUGIN_API = ">=2,<3"
             def etsdk_register_backends():
                 return []
             """,
@@ -214,7 +341,7 @@ def test_allow_and_deny_lists(site: PluginSite) -> None:
         (
             """
             from etsdk import hookimpl
-            ETSDK_PLUGIN_API = ">=1,<2"
+            ETSDK_PLUGIN_API = ">=2,<3"
             @hookimpl
             def etsdk_register_backends():
                 return [{"id": "DictBackend"}]
@@ -238,7 +365,7 @@ def test_in_process_plugin_registration() -> None:
     import etsdk
 
     module = types.ModuleType("inline_plugin")
-    module.ETSDK_PLUGIN_API = ">=1,<2"  # type: ignore[attr-defined]
+    module.ETSDK_PLUGIN_API = ">=2,<3"  # type: ignore[attr-defined]
 
     def bad_hook(nonsense):  # type: ignore[no-untyped-def]
         return []

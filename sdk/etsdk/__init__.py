@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 from etsdk._version import __version__
 from etsdk.blob import BlobReader, BlobWriter
+from etsdk.contract import Contract, ContractError
 from etsdk.discovery import PluginStatus
+from etsdk.dtypes import dtype_name
 from etsdk.errors import (
     BackendError,
     BackendNotFoundError,
@@ -30,7 +32,7 @@ from etsdk.errors import (
 )
 from etsdk.generation import ExportRequest, GenerationError, GenerationResult, Sampling
 from etsdk.hookspec import PLUGIN_API_VERSION, hookimpl
-from etsdk.registration import Availability, BackendSpec, Capability, ContractSpec, RunnerSpec
+from etsdk.registration import Availability, BackendSpec, Capability, ContractSpec, Option, RunnerSpec
 from etsdk.registry import (
     PluginInfo,
     get_backend,
@@ -46,11 +48,15 @@ from etsdk.registry import (
 if TYPE_CHECKING:
     from etsdk.bridge import InitContext, NamedData
     from etsdk.lowering import Lowered, MethodSource, lower
-    from etsdk.program import Method, MethodInfo, Program, TensorInfo, load
+    from etsdk.program import Method, MethodInfo, Program, TensorInfo, data_beside, load
+    from etsdk.state import Session, StateError
 
 _LAZY = {
     "InitContext": "etsdk.bridge",
     "NamedData": "etsdk.bridge",
+    "Session": "etsdk.state",
+    "StateError": "etsdk.state",
+    "data_beside": "etsdk.program",
     "Lowered": "etsdk.lowering",
     "MethodSource": "etsdk.lowering",
     "lower": "etsdk.lowering",
@@ -86,6 +92,8 @@ __all__ = [
     "BridgeBuildError",
     "BridgeRegistryError",
     "Capability",
+    "Contract",
+    "ContractError",
     "ContractSpec",
     "DelegateError",
     "EtsdkError",
@@ -96,6 +104,7 @@ __all__ = [
     "MethodInfo",
     "MethodSource",
     "NamedData",
+    "Option",
     "PluginConflictError",
     "PluginError",
     "PluginInfo",
@@ -105,9 +114,13 @@ __all__ = [
     "Program",
     "ProgramError",
     "RunnerSpec",
+    "Session",
+    "StateError",
     "TensorInfo",
     "UnsupportedFeatureError",
     "__version__",
+    "data_beside",
+    "dtype_name",
     "get_backend",
     "get_contract",
     "get_runner",

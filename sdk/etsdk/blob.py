@@ -231,6 +231,23 @@ class BlobReader:
             self._sections[name] = BlobSection(name, offset, length, alignment)
         self._view = view
 
+    @staticmethod
+    def declared_features(data: bytes | bytearray | memoryview) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """``(required, optional)`` features a blob declares, without refusing any (for tools and tests)."""
+        view = memoryview(data).cast("B") if not isinstance(data, memoryview) or data.format != "B" else data
+        if view.nbytes < _FIXED.size:
+            raise BlobFormatError(f"blob is {view.nbytes} bytes, shorter than the {_FIXED.size}-byte etsdk blob preamble")
+        magic, _, _, header_len, _ = _FIXED.unpack_from(view, 0)
+        if magic != BLOB_MAGIC or header_len > min(_MAX_HEADER, view.nbytes - _FIXED.size):
+            raise BlobFormatError("not an etsdk blob (bad magic or header length)")
+        try:
+            header = json.loads(bytes(view[_FIXED.size : _FIXED.size + header_len]).decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise BlobFormatError(f"blob header is not valid UTF-8 JSON: {exc}") from None
+        if not isinstance(header, dict):
+            raise BlobFormatError("blob header must be a JSON object")
+        return tuple(_str_list(header, "required_features")), tuple(_str_list(header, "optional_features"))
+
     @property
     def sections(self) -> tuple[BlobSection, ...]:
         return tuple(self._sections.values())

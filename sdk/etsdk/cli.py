@@ -45,6 +45,8 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
     for p in plugins:
         if p.reason:
             print(f"  {p.name}: {p.status.value}: {p.reason}")
+        for refusal in p.refused:
+            print(f"  {p.name}: refused: {refusal}")
     if not plugins:
         print("no etsdk plugins installed (entry-point group 'etsdk.plugins')")
     return 0
@@ -117,12 +119,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     contract = program.contract
     if contract is None:
         raise EtsdkError(f"{args.program} embeds no contract; etsdk generate needs a program exported for one")
-    spec = get_runner(contract.name)
-    if contract.version not in spec.versions:
-        raise EtsdkError(
-            f"{args.program} follows {contract.name} v{contract.version}; the installed runner drives "
-            f"version(s) {', '.join(map(str, spec.versions))}"
-        )
+    spec = get_runner(contract.name, contract.version)
     runner = spec.factory(program)
     prompt_ids = given_ids if given_ids is not None else runner.encode(args.prompt)
     streamed: list[int] = []

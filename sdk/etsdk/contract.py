@@ -20,7 +20,7 @@ from __future__ import annotations
 import enum
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -344,6 +344,37 @@ class Contract:
             # where the storage lives is chosen when a program is exported for a device, not by the contract
             if replace(got_state, device=want_state.device) != want_state:
                 raise ContractError(f"state '{want_state.name}': expected {want_state}, found {got_state}")
+
+    def check_engine_io(
+        self,
+        method: str,
+        inputs: Sequence[tuple[str, tuple[int, ...]] | None],
+        outputs: Sequence[tuple[str, tuple[int, ...]] | None],
+        *,
+        where: str,
+        error: type[EtsdkError] | None = None,
+    ) -> None:
+        """The one engine-I/O check (export, load, runners): ``(dtype name, shape)`` per engine input / output.
+
+        ``None`` stands for a non-tensor value. Raises ``error`` (default
+        :class:`ContractError`) naming the method, side, index, name, role,
+        what the contract expects and what was found.
+        """
+        error = error or ContractError
+        spec = self.method(method)
+        for side, wanted, found in (("input", spec.engine_inputs, inputs), ("output", spec.engine_outputs, outputs)):
+            if len(wanted) != len(found):
+                raise error(
+                    f"{where}: method '{method}' has {len(found)} engine {side}(s), contract '{self.name}' "
+                    f"v{self.version} binds {len(wanted)} through the engine ({', '.join(w.name for w in wanted)})"
+                )
+            for index, (want, got) in enumerate(zip(wanted, found)):
+                if got is None or (got[0], tuple(got[1])) != (want.dtype, tuple(want.shape)):
+                    got_desc = "a non-tensor value" if got is None else f"{got[0]} {list(got[1])}"
+                    raise error(
+                        f"{where}: method '{method}' {side} {index} ('{want.name}', role {want.role.value}): "
+                        f"expected {want.dtype} {list(want.shape)}, found {got_desc}"
+                    )
 
     # --------------------------------------------------------------- (de)serialise
 

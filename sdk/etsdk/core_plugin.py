@@ -7,7 +7,7 @@ from pathlib import Path
 from etsdk.hookspec import hookimpl
 from etsdk.registration import ContractSpec
 
-ETSDK_PLUGIN_API = ">=1,<2"
+ETSDK_PLUGIN_API = ">=2,<3"
 
 CONTRACTS_DIR = Path(__file__).resolve().parent / "contracts"
 

@@ -29,7 +29,7 @@ def run_demo(out_dir: str | None = None, backend: str = "EtsdkReferenceBackend")
         module=model,
         example_inputs=(x,),
         backend=backend,
-        partitioner_options={"external_data": "weights"},
+        external_data="weights",
         quiet=False,
     )
     written = lowered.save(directory / "mlp.pte")

@@ -1,25 +1,20 @@
 """Export side: lower a model's methods to plugin backends and write ``.pte`` / ``.ptd``.
 
-ExecuTorch finds a backend's ``preprocess`` by the *class name* of a
-``BackendDetails`` subclass equal to the backend id. For each plugin backend
-used, etsdk creates that class once per process (kept referenced here) and
-forwards ``preprocess`` to the plugin's serializer, wrapping what it returns
-with the delegate's signature (:mod:`etsdk.signature`): plugins never subclass
-ExecuTorch internals themselves.
-
 State (KV caches, counters) is declared, never inferred: each method maps the
 module buffers that hold state to state identities of the contract
 (``MethodSource(state={"layers.0.k_cache": "k0"})``). Those buffers are tagged
-into the delegate that uses them, so they leave the top-level program (no
-planning, no copy-back, no constant freezing); the delegate binds the session's
+into the one delegate that uses them (whichever backend of the method claims
+it), so they leave the top-level program (no planning, no copy-back, no
+constant freezing); the delegate's runtime binding receives the session's
 storage at run time. A mutated buffer that is not declared is an error.
+
+The per-backend machinery (the ``BackendDetails`` class ExecuTorch looks up,
+the core's partitioner wrapper, preprocess) lives in :mod:`etsdk.delegation`.
 """
 
 from __future__ import annotations
 
-import json
 import sys
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,71 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from etsdk.dtypes import dtype_name as _dtype_name
-from etsdk.errors import ExportError
+from etsdk.errors import EtsdkError, ExportError
 
 __all__ = ["Lowered", "MethodSource", "lower"]
-
-_details_lock = threading.Lock()
-_details_classes: dict[str, type] = {}
-_progress_state = threading.local()  # (quiet, started) of the lower() call running on this thread
-
-
-def backend_details_class(backend_id: str) -> type:
-    """The ``BackendDetails`` subclass ExecuTorch will look up for ``backend_id``."""
-    from executorch.exir.backend.backend_details import BackendDetails, PreprocessResult
-
-    with _details_lock:
-        found = _details_classes.get(backend_id)
-        if found is not None:
-            return found
-        for existing in BackendDetails.__subclasses__():
-            if existing.__name__ == backend_id:
-                raise ExportError(
-                    f"backend id '{backend_id}' is already defined by {existing.__module__}.{existing.__qualname__}; "
-                    "an etsdk plugin cannot reuse a backend id ExecuTorch already has"
-                )
-
-        def preprocess(edge_program: Any, compile_specs: list[Any]) -> PreprocessResult:
-            from etsdk.registry import get_backend
-            from etsdk.signature import DelegateSignature, wrap_blob
-
-            signature = DelegateSignature.from_edge_program(edge_program, compile_specs)
-            quiet, started = getattr(_progress_state, "value", (True, 0.0))
-            nodes = sum(1 for n in edge_program.graph.nodes if n.op == "call_function")
-            _progress(f"compiling a {nodes}-operator partition with {backend_id}", quiet, started)
-            result = get_backend(backend_id).preprocess(edge_program, compile_specs)
-            if not isinstance(result, PreprocessResult):
-                raise ExportError(
-                    f"backend '{backend_id}' preprocess returned {type(result).__name__}, expected PreprocessResult"
-                )
-            result.processed_bytes, _ = wrap_blob(bytes(result.processed_bytes), signature)
-            return result
-
-        def copy_for_preprocess(cls: type, edge_program: Any, compile_specs: list[Any]) -> Any:
-            # ExecuTorch deep-copies every partition before preprocess; copying the
-            # weights too would hold a second model-sized copy during export. Plugins
-            # may change the graph they are given but never its tensors, so the copy
-            # shares them.
-            import copy
-
-            import torch
-
-            tensors = [*edge_program.state_dict.values(), *edge_program.constants.values()]
-            memo = {id(t): t for t in tensors if isinstance(t, torch.Tensor)}
-            return copy.deepcopy(edge_program, memo)
-
-        cls = type(
-            backend_id,
-            (BackendDetails,),
-            {
-                "preprocess": staticmethod(preprocess),
-                "copy_exported_program_for_preprocess": classmethod(copy_for_preprocess),
-                "__module__": __name__,
-                "__doc__": f"etsdk backend {backend_id}",
-            },
-        )
-        _details_classes[backend_id] = cls
-        return cls
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,60 +47,6 @@ class MethodSource:
     example_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
 
-class _StateTagging:
-    """Wraps a plugin partitioner: tags declared state buffers into the delegate that uses them."""
-
-    def __init__(self, inner: Any, state: Mapping[str, str], method: str) -> None:
-        from executorch.exir.backend.partitioner import Partitioner
-
-        self.inner = inner
-        self.state = dict(state)
-        self.method = method
-        # ExecuTorch checks isinstance(partitioner, Partitioner); build a subclass instance lazily.
-        wrapper = self
-
-        class _Wrapped(Partitioner):
-            def partition(self, exported_program: Any) -> Any:
-                return wrapper.partition(exported_program)
-
-            def ops_to_not_decompose(self, ep: Any) -> Any:
-                return inner.ops_to_not_decompose(ep)
-
-        self.partitioner = _Wrapped()
-
-    def partition(self, exported_program: Any) -> Any:
-        from executorch.exir.backend.compile_spec_schema import CompileSpec
-        from executorch.exir.backend.partitioner import DelegationSpec
-
-        from etsdk.signature import STATE_COMPILE_SPEC
-
-        result = self.inner.partition(exported_program)
-        buffers = exported_program.graph_signature.inputs_to_buffers
-        per_tag: dict[str, dict[str, str]] = {}
-        for node in exported_program.graph.nodes:
-            if node.op != "placeholder" or buffers.get(node.name) not in self.state:
-                continue
-            fqn = buffers[node.name]
-            tags = {user.meta.get("delegation_tag") for user in node.users}
-            if not tags:
-                continue
-            if len(tags) != 1 or None in tags or next(iter(tags)) not in result.partition_tags:
-                outside = sorted(u.name for u in node.users if u.meta.get("delegation_tag") is None)
-                raise ExportError(
-                    f"method '{self.method}': state '{self.state[fqn]}' (buffer '{fqn}') must be used by exactly one "
-                    f"delegate of this backend; used outside it by {outside or 'another delegate'}"
-                )
-            tag = next(iter(tags))
-            node.meta["delegation_tag"] = tag
-            per_tag.setdefault(tag, {})[fqn] = self.state[fqn]
-        for tag, mapping in per_tag.items():
-            old = result.partition_tags[tag]
-            specs = [cs for cs in old.compile_specs if cs.key != STATE_COMPILE_SPEC]
-            specs.append(CompileSpec(STATE_COMPILE_SPEC, json.dumps(mapping, sort_keys=True).encode()))
-            result.partition_tags[tag] = DelegationSpec(old.backend_id, specs)
-        return result
-
-
 def _progress(stage: str, quiet: bool, started: float) -> None:
     if not quiet:
         print(f"etsdk: {stage} ({time.perf_counter() - started:.1f}s)", file=sys.stderr, flush=True)
@@ -175,14 +54,27 @@ def _progress(stage: str, quiet: bool, started: float) -> None:
 
 @dataclass
 class Lowered:
-    """An ExecuTorch program ready to be written."""
+    """An ExecuTorch program ready to be written.
 
-    manager: Any  # ExecutorchProgramManager
+    ``record``: etsdk's program record (the contract, and each method's etsdk
+    delegates in engine order with their signatures and claimed operators),
+    the same thing ``etsdk inspect`` shows for a written file. ``manager``:
+    ExecuTorch's ``ExecutorchProgramManager``.
+    """
+
+    manager: Any
+    record: Any = None  # etsdk.signature.ProgramRecord
     quiet: bool = True
 
     @property
     def methods(self) -> tuple[str, ...]:
         return tuple(sorted(self.manager.methods))
+
+    def delegates(self, method: str) -> tuple[Any, ...]:
+        """The etsdk delegates of ``method`` in engine order (backend, signature with claimed operators)."""
+        if self.record is None or method not in self.record.methods:
+            raise ExportError(f"this program has no method '{method}' (methods: {', '.join(self.methods)})")
+        return tuple(self.record.methods[method])
 
     @property
     def data_files(self) -> tuple[str, ...]:
@@ -216,21 +108,34 @@ def lower(
     backend: str | Sequence[str] | None = None,
     partitioner_options: Mapping[str, Any] | None = None,
     contract: Any = None,
+    external_data: str | None = None,
     quiet: bool = True,
 ) -> Lowered:
     """Export and lower a model.
 
     Either one method (``module``, ``example_inputs``, ``backend``: exported as
     ``forward``) or several (``methods``: name -> :class:`MethodSource`), each
-    with its own backends (for example prefill on one backend, decode on
-    another). ``contract``: a bound :class:`etsdk.contract.Contract` record the
-    methods follow; it is checked here and embedded in the program. Progress
-    goes to stderr unless ``quiet``.
+    with its own backends, in the order they claim operators (for example
+    prefill on one backend, decode on another, or several backends inside one
+    method). Backends are ids or short names (``aoti``). ``partitioner_options``:
+    the options of the one backend, or a mapping backend id -> options; every
+    option is checked against the backend's declared :class:`etsdk.Option` s.
+    ``contract``: a bound :class:`etsdk.Contract` record the methods follow; it
+    is checked here and embedded in the program. ``external_data``: put every
+    backend's named data (weights) in ``<external_data>.ptd`` beside the
+    ``.pte`` instead of inside it. Progress goes to stderr unless ``quiet``.
     """
     import torch
     from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
 
-    from etsdk.registry import edge_transform_passes, get_backend
+    from etsdk.delegation import (
+        CorePartitioner,
+        LoweringContext,
+        backend_details_class,
+        check_mutations_declared,
+        kept_whole_left,
+    )
+    from etsdk.registry import edge_transform_passes, get_backend, resolve_backend_id
     from etsdk.signature import PROGRAM_RECORD_KEY, ProgramRecord, check_binding_order
     from etsdk.tracing import weights_shared_while_tracing
 
@@ -238,17 +143,44 @@ def lower(
         if module is None or example_inputs is None:
             raise ExportError("lower() needs either methods= or module= and example_inputs=")
         backends = (backend,) if isinstance(backend, str) else tuple(backend or ())
-        options = {b: dict(partitioner_options or {}) for b in backends}
-        methods = {"forward": MethodSource(module, tuple(example_inputs), backends, options)}
+        methods = {"forward": MethodSource(module, tuple(example_inputs), backends, _keyed_options(backends, partitioner_options))}
+    elif partitioner_options is not None:
+        raise ExportError("with methods=, give partitioner options per method: MethodSource(partitioner_options=...)")
     if contract is not None and not contract.is_bound:
         raise ExportError(f"contract '{contract.name}' must be bound to sizes (contract.bind(...)) before export")
-    started = time.perf_counter()
+    if external_data is not None and (not external_data or "/" in external_data or external_data.startswith(".")):
+        raise ExportError(f"external_data names a .ptd beside the .pte (a plain file stem), found {external_data!r}")
+    context = LoweringContext(quiet=quiet, external_data=external_data)
+    _check_state_identities(methods)
     exported: dict[str, Any] = {}
     partitioners: dict[str, list[Any]] = {}
     passes: list[Any] = []
     state_devices: set[str] = set()  # where the partitioners that take state want its storage
     for name, source in methods.items():
-        _progress(f"tracing '{name}'", quiet, started)
+        resolved = tuple(resolve_backend_id(b) for b in source.backends)
+        options = {resolve_backend_id(b): dict(o) for b, o in source.partitioner_options.items()}
+        unknown = sorted(set(options) - set(resolved))
+        if unknown:
+            raise ExportError(
+                f"method '{name}': partitioner options given for backend(s) {', '.join(unknown)}, which the method "
+                f"does not use (backends: {', '.join(resolved) or 'none'})"
+            )
+        context.states[name] = dict(source.state)
+        wrappers: list[CorePartitioner] = []
+        for backend_id in resolved:
+            spec = get_backend(backend_id)
+            backend_details_class(backend_id)
+            inner = _make_partitioner(spec, options.get(backend_id, {}), name)
+            wrappers.append(CorePartitioner(inner, backend_id, name, context))
+            for p in edge_transform_passes(backend_id):
+                if p not in passes:
+                    passes.append(p)
+        context.partitioners[name] = wrappers
+        partitioners[name] = [w.partitioner for w in wrappers]
+        if source.state:
+            state_devices.update(w.state_device for w in wrappers)
+    for name, source in methods.items():
+        context.progress(f"tracing '{name}'")
         try:
             with weights_shared_while_tracing():
                 exported[name] = torch.export.export(
@@ -262,67 +194,95 @@ def lower(
         _check_state_declarations(name, source, exported[name], contract)
         if contract is not None:
             _check_engine_io(name, exported[name], contract)
-        partitioners[name] = []
-        for backend_id in source.backends:
-            spec = get_backend(backend_id, require_available=True)
-            backend_details_class(backend_id)
-            inner = spec.partitioner(**dict(source.partitioner_options.get(backend_id, {})))
-            partitioners[name].append(_StateTagging(inner, source.state, name).partitioner if source.state else inner)
-            if source.state:
-                state_devices.add(str(getattr(inner, "state_device", "cpu")))
-            for p in edge_transform_passes(backend_id):
-                if p not in passes:
-                    passes.append(p)
     if contract is not None:
         missing = [m.name for m in contract.methods if m.name not in methods]
         if missing:
             raise ExportError(f"contract '{contract.name}' needs method(s) {', '.join(missing)} that were not given")
     if contract is not None and contract.states:
         contract = _with_state_device(contract, state_devices)
-    _progress("lowering to edge and partitioning", quiet, started)
-    _progress_state.value = (quiet, started)
-    try:
+    context.progress("lowering to edge and partitioning")
+    with context:
         edge = to_edge_transform_and_lower(
             exported,
             partitioner=partitioners,
             transform_passes=passes or None,
             compile_config=EdgeCompileConfig(_check_ir_validity=False),
         )
-    finally:
-        _progress_state.value = (True, 0.0)
-    _progress("checking binding order and state placement", quiet, started)
+    context.progress("checking binding order and state placement")
     records = {}
     for name, source in methods.items():
         lowered_program = edge.exported_program(name)
-        # torch.export may keep in-place ops un-functionalised; after edge lowering
-        # every mutation left at the top level is visible here.
-        undeclared = sorted(set(lowered_program.graph_signature.buffers_to_mutate.values()) - set(source.state))
-        if undeclared:
-            raise ExportError(
-                f"method '{name}' mutates buffer(s) {', '.join(undeclared)} that are not declared as state; map each "
-                "to a state identity of a contract: MethodSource(state={fqn: identity})"
-            )
+        if not source.backends:  # nothing was partitioned: every mutation is visible at the top level
+            check_mutations_declared(name, lowered_program.graph_signature.buffers_to_mutate.values(), source.state)
         left = sorted(set(source.state) & set(lowered_program.graph_signature.buffers))
         if left:
             raise ExportError(
-                f"method '{name}': state buffer(s) {', '.join(left)} stayed in the top-level program; every op "
+                f"method '{name}': state buffer(s) {', '.join(left)} stayed in the top-level program; every operator "
                 "using declared state must be claimed by one delegate"
             )
-        records[name] = check_binding_order(name, lowered_program.graph_module, _details_classes)
-    record = ProgramRecord(
-        methods=records,
-        contract=contract,
-        producer=f"etsdk {_version()}",
-        state_fqns={name: dict(source.state) for name, source in methods.items() if source.state},
-    )
+        unclaimed = kept_whole_left(name, lowered_program.graph_module, list(context.kept.get(name, {}).values()))
+        if unclaimed:
+            raise ExportError(
+                f"method '{name}': operator(s) {', '.join(unclaimed)} were kept whole for a backend of this method "
+                "(ops_to_not_decompose) but no backend claimed them, and the portable kernels need them decomposed"
+            )
+        records[name] = check_binding_order(name, lowered_program.graph_module, context.sealed)
+    record = ProgramRecord(methods=records, contract=contract, producer=f"etsdk {_version()}")
     store = getattr(edge, "_named_data_store", None)
     if store is None:
         raise ExportError("this executorch release has no program-level named data store; etsdk needs executorch==1.5.1")
     store.add_named_data(PROGRAM_RECORD_KEY, record.to_bytes())
-    _progress("emitting the ExecuTorch program", quiet, started)
+    context.progress("emitting the ExecuTorch program")
     manager = edge.to_executorch(ExecutorchBackendConfig(extract_delegate_segments=True))
-    _progress("ready to write", quiet, started)
-    return Lowered(manager, quiet=quiet)
+    context.progress("ready to write")
+    return Lowered(manager, record=record, quiet=quiet)
+
+
+def _keyed_options(backends: tuple[str, ...], options: Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """``lower(module=..., partitioner_options=...)``: flat options of one backend, or keyed by backend."""
+    if not options:
+        return {}
+    if all(isinstance(v, Mapping) for v in options.values()) and set(options) <= set(backends):
+        return {b: dict(v) for b, v in options.items()}
+    if len(backends) != 1:
+        raise ExportError(
+            f"partitioner_options for several backends ({', '.join(backends)}) must be keyed by backend: "
+            "{backend_id: {option: value}}"
+        )
+    return {backends[0]: dict(options)}
+
+
+def _make_partitioner(spec: Any, options: Mapping[str, Any], method: str) -> Any:
+    """The plugin's partitioner, after checking ``options`` against the backend's declared options."""
+    where = f"method '{method}', backend '{spec.id}'"
+    declared = {o.name: o for o in spec.options}
+    for key, value in options.items():
+        option = declared.get(key)
+        if option is None:
+            takes = ", ".join(o.describe() for o in spec.options) or "no options"
+            raise ExportError(f"{where}: unknown partitioner option '{key}'; the backend takes {takes}")
+        problem = option.check(value)
+        if problem is not None:
+            raise ExportError(f"{where}: partitioner option '{key}': {problem}")
+    try:
+        return spec.partitioner(**options)
+    except EtsdkError:
+        raise
+    except Exception as exc:
+        raise ExportError(f"{where}: creating the partitioner raised {type(exc).__name__}: {exc}") from exc
+
+
+def _check_state_identities(methods: Mapping[str, MethodSource]) -> None:
+    """One buffer is one state in every method of a program (the record names state by identity once)."""
+    seen: dict[str, tuple[str, str]] = {}
+    for name, source in methods.items():
+        for fqn, identity in source.state.items():
+            other = seen.setdefault(fqn, (identity, name))
+            if other[0] != identity:
+                raise ExportError(
+                    f"buffer '{fqn}' is state '{other[0]}' in method '{other[1]}' but state '{identity}' in method "
+                    f"'{name}'; a buffer holds one state"
+                )
 
 
 def _with_state_device(contract: Any, devices: set[str]) -> Any:
@@ -344,15 +304,7 @@ def _version() -> str:
 
 
 def _check_state_declarations(method: str, source: MethodSource, exported: Any, contract: Any) -> None:
-    """Declared state must be real buffers of the right shape, dtype and initial value; mutation must be declared."""
-    signature = exported.graph_signature
-    mutated = set(signature.buffers_to_mutate.values())
-    undeclared = sorted(mutated - set(source.state))
-    if undeclared:
-        raise ExportError(
-            f"method '{method}' mutates buffer(s) {', '.join(undeclared)} that are not declared as state; map each "
-            "to a state identity: MethodSource(state={fqn: identity})"
-        )
+    """Declared state must be real buffers of the right shape, dtype and initial value."""
     if source.state and contract is None:
         raise ExportError(f"method '{method}' declares state but no contract was given; state is described by a contract")
     buffers = dict(exported.named_buffers())
@@ -389,25 +341,18 @@ def _check_state_declarations(method: str, source: MethodSource, exported: Any, 
 
 def _check_engine_io(method: str, exported: Any, contract: Any) -> None:
     """The exported method's user inputs and outputs must be the contract's engine-bound ones, in order."""
-    spec = contract.method(method)
     placeholders = {n.name: n for n in exported.graph.nodes if n.op == "placeholder"}
     output_node = next(n for n in exported.graph.nodes if n.op == "output")
     produced = dict(zip([s.arg.name for s in exported.graph_signature.output_specs], output_node.args[0]))
-    sides = (
-        ("input", spec.engine_inputs, [placeholders[n] for n in exported.graph_signature.user_inputs]),
-        ("output", spec.engine_outputs, [produced[n] for n in exported.graph_signature.user_outputs]),
+
+    def described(node: Any) -> tuple[str, tuple[int, ...]] | None:
+        value = node.meta.get("val") if hasattr(node, "meta") else None
+        return (_dtype_name(value.dtype), tuple(value.shape)) if hasattr(value, "dtype") else None
+
+    contract.check_engine_io(
+        method,
+        [described(placeholders[n]) for n in exported.graph_signature.user_inputs],
+        [described(produced[n]) for n in exported.graph_signature.user_outputs],
+        where="export",
+        error=ExportError,
     )
-    for side, wanted, nodes in sides:
-        if len(wanted) != len(nodes):
-            raise ExportError(
-                f"method '{method}': contract '{contract.name}' binds {len(wanted)} {side}(s) through the engine "
-                f"({', '.join(w.name for w in wanted)}), the module has {len(nodes)}"
-            )
-        for index, (want, node) in enumerate(zip(wanted, nodes)):
-            value = node.meta.get("val")
-            found = (_dtype_name(value.dtype), tuple(value.shape)) if value is not None else None
-            if found != (want.dtype, tuple(want.shape)):
-                raise ExportError(
-                    f"method '{method}' {side} {index} ('{want.name}', role {want.role.value}): contract expects "
-                    f"{want.dtype} {list(want.shape)}, module has {found[0] + ' ' + str(list(found[1])) if found else 'no tensor'}"
-                )

@@ -19,6 +19,7 @@ __all__ = [
     "BackendSpec",
     "Capability",
     "ContractSpec",
+    "Option",
     "RunnerSpec",
 ]
 
@@ -58,6 +59,44 @@ def _always_available() -> Availability:
 
 
 @dataclass(frozen=True, slots=True)
+class Option:
+    """One partitioner option a backend accepts: ``etsdk.lower`` checks every option against these.
+
+    ``type``: the accepted Python type(s) (``bool`` is never accepted for ``int``);
+    ``choices``: the allowed values when the set is closed; ``default``: what
+    the partitioner uses when the option is not given (documentation only: the
+    core passes only the options the caller gave).
+    """
+
+    name: str
+    type: type | tuple[type, ...]
+    default: Any = None
+    help: str = ""
+    choices: tuple[Any, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name.isidentifier():
+            raise ValueError(f"option name must be a Python identifier, got {self.name!r}")
+
+    def describe(self) -> str:
+        types = self.type if isinstance(self.type, tuple) else (self.type,)
+        kinds = " | ".join(t.__name__ for t in types)
+        choices = f" one of {list(self.choices)}" if self.choices is not None else ""
+        return f"{self.name} ({kinds}{choices})"
+
+    def check(self, value: Any) -> str | None:
+        """Why ``value`` is not acceptable, or None."""
+        types = self.type if isinstance(self.type, tuple) else (self.type,)
+        if isinstance(value, bool) and bool not in types:
+            return f"expected {self.describe()}, found {value!r}"
+        if not isinstance(value, types):
+            return f"expected {self.describe()}, found {type(value).__name__} {value!r}"
+        if self.choices is not None and value not in self.choices:
+            return f"expected one of {list(self.choices)}, found {value!r}"
+        return None
+
+
+@dataclass(frozen=True, slots=True)
 class BackendSpec:
     """One backend a plugin provides.
 
@@ -65,11 +104,15 @@ class BackendSpec:
     looked up in the runtime's backend registry. It must be a Python identifier
     because ExecuTorch uses it as the ``BackendDetails`` class name.
 
-    ``partitioner(**options)`` returns an ExecuTorch ``Partitioner``;
-    ``preprocess(edge_program, compile_specs)`` returns a ``PreprocessResult``;
-    ``runtime()`` returns the runtime binding (see :mod:`etsdk.bridge`);
-    ``probe()`` says whether the backend can run here without importing heavy
-    dependencies.
+    ``partitioner(**options)`` returns an ExecuTorch ``Partitioner`` (usually an
+    :class:`etsdk.backend.OperatorPartitioner`); ``options`` declares every
+    option it takes, and ``etsdk.lower`` refuses undeclared or mistyped ones
+    naming the backend and the method. ``preprocess(partition)`` receives an
+    :class:`etsdk.backend.Partition` and returns the payload (``bytes`` or an
+    :class:`etsdk.BlobWriter`). ``runtime()`` returns the runtime binding
+    (:class:`etsdk.backend.RuntimeBinding`). ``probe()`` says whether the
+    backend can *run* here without importing heavy dependencies; exporting does
+    not need it to (a CPU machine may export for a GPU one).
     """
 
     id: str
@@ -80,6 +123,7 @@ class BackendSpec:
     capabilities: frozenset[Capability] = frozenset()
     probe: Callable[[], Availability] = _always_available
     description: str = ""
+    options: tuple[Option, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.id.isidentifier():
@@ -87,6 +131,11 @@ class BackendSpec:
         for name in ("partitioner", "preprocess", "runtime", "probe"):
             if not callable(getattr(self, name)):
                 raise TypeError(f"BackendSpec({self.id!r}).{name} must be callable")
+        if not all(isinstance(o, Option) for o in self.options):
+            raise TypeError(f"BackendSpec({self.id!r}).options must be a tuple of etsdk.Option")
+        names = [o.name for o in self.options]
+        if len(set(names)) != len(names):
+            raise ValueError(f"BackendSpec({self.id!r}).options declares an option twice: {names}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,29 +1,34 @@
-"""Delegate signatures: what a delegate binds, in which order, checked by identity.
+"""Delegate signatures and the program record: what each delegate binds, in which order, checked by identity.
 
-Every blob a plugin's ``preprocess`` returns is wrapped by the core in an etsdk
-container with two sections: ``etsdk.io`` (this module's
-:class:`DelegateSignature`) and ``payload`` (the plugin's bytes, handed to its
-runtime binding untouched). The signature lists the delegate's engine-bound
-inputs and outputs *by name* in the order the binding will receive them, and
-the state it reads and updates.
+A :class:`DelegateSignature` lists a delegate's engine-bound inputs and outputs
+in the order its runtime binding receives them, the state it binds (each state
+buffer's placeholder, module FQN, state identity, dtype, shape, whether it is
+written) and the operators it claimed. Signatures live in one place in the
+``.pte``: the :class:`ProgramRecord` (named data ``etsdk/program``), one list
+per method in engine order. Each delegate blob is wrapped by the core in an
+etsdk container holding only the delegate's ``uid`` and the plugin's payload;
+the uid names the record entry and the payload's SHA-256 is recorded with it.
 
 Order is asserted, never assumed (idea 4 of DESIGN.md):
 
 * at export, :func:`check_binding_order` matches each ``executorch_call_delegate``
-  node's arguments, by node name, against the signature's inputs, and its
-  outputs by position, dtype and shape;
-* the program embeds a :class:`ProgramRecord` listing every delegate's
-  signature in engine order; at load the bridge matches each delegate's own
-  signature against it, and at the first call (and whenever the runtime hands
-  over different memory) the actual tensors against the signature.
+  node's arguments against the signature's inputs **by node identity** (an id
+  stamped on every node before partitioning, which ExecuTorch carries into the
+  partition's placeholders and the getitems replacing earlier delegates), so
+  delegates of different partitioner passes chain in any order; outputs are
+  matched by position, dtype and shape;
+* at load, the bridge finds each delegate's record entry by position, checks the
+  uid and the payload's hash, and at the first call (and whenever the runtime
+  hands over different memory) checks the actual tensors against the signature.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+import operator
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from etsdk.blob import BlobReader, BlobWriter
@@ -34,28 +39,31 @@ from etsdk.versioning import check_format
 
 __all__ = [
     "ArgSpec",
+    "DelegateRecord",
     "DelegateSignature",
+    "PROGRAM_RECORD_KEY",
     "ProgramRecord",
-    "STATE_COMPILE_SPEC",
     "StateBinding",
     "check_binding_order",
     "unwrap_blob",
     "wrap_blob",
 ]
 
-DELEGATE_FEATURE = "etsdk.delegate.v1"
-IO_SECTION = "etsdk.io"
+DELEGATE_FEATURE = "etsdk.delegate.v2"
+DELEGATE_SECTION = "etsdk.delegate"
 PAYLOAD_SECTION = "payload"
-#: Compile spec the core adds to a delegate that binds state: JSON {buffer FQN: state identity}.
-STATE_COMPILE_SPEC = "etsdk.states"
 #: Named-data key of the program record inside the .pte.
 PROGRAM_RECORD_KEY = "etsdk/program"
 PROGRAM_FORMAT = "etsdk.program"
-PROGRAM_FORMAT_MAJOR = 1
+PROGRAM_FORMAT_MAJOR = 2
+#: Node meta key carrying a node's identity through partitioning (export only, never serialized).
+NODE_ID_META = "etsdk_node_id"
 
 
 @dataclass(frozen=True, slots=True)
 class ArgSpec:
+    """One engine-bound delegate input or output: the partition's name for it, dtype and shape."""
+
     name: str
     dtype: str
     shape: tuple[int, ...]
@@ -66,7 +74,12 @@ class ArgSpec:
 
 @dataclass(frozen=True, slots=True)
 class StateBinding:
-    """A state buffer inside a delegate: its placeholder, module FQN and state identity."""
+    """A state buffer inside a delegate: its placeholder, module FQN and state identity.
+
+    ``written``: the delegate updates it (it was a ``BUFFER_MUTATION`` output).
+    At run time the binding receives the session's tensor for it, in the
+    position of this binding in :attr:`DelegateSignature.states`.
+    """
 
     placeholder: str
     fqn: str
@@ -78,9 +91,18 @@ class StateBinding:
 
 @dataclass(frozen=True, slots=True)
 class DelegateSignature:
+    """What a delegate binds: inputs and outputs in binding order, state, claimed operators.
+
+    ``uid`` identifies the delegate (hash of its payload and this signature);
+    ``payload_sha256`` is the SHA-256 of the plugin's payload, checked at load;
+    ``operators``: ``(operator name, count)`` of what the delegate computes.
+    """
+
     inputs: tuple[ArgSpec, ...]
     outputs: tuple[ArgSpec, ...]
     states: tuple[StateBinding, ...] = ()
+    operators: tuple[tuple[str, int], ...] = ()
+    payload_sha256: str = ""
     uid: str = ""
 
     @property
@@ -92,16 +114,13 @@ class DelegateSignature:
         return {s.fqn: s for s in self.states}
 
     @classmethod
-    def from_edge_program(cls, edge_program: Any, compile_specs: Sequence[Any]) -> DelegateSignature:
-        """Read the signature of a partition's ExportedProgram (at preprocess time)."""
+    def from_edge_program(cls, edge_program: Any, state: Mapping[str, str]) -> DelegateSignature:
+        """The signature of a partition's ExportedProgram; ``state``: buffer FQN -> state identity."""
         from torch.export.graph_signature import InputKind, OutputKind
 
-        states = state_map_from_compile_specs(compile_specs)
         signature = edge_program.graph_signature
         kinds = {spec.arg.name: spec for spec in signature.input_specs}
-        mutated = {
-            spec.target for spec in signature.output_specs if spec.kind == OutputKind.BUFFER_MUTATION
-        }
+        mutated = {spec.target for spec in signature.output_specs if spec.kind == OutputKind.BUFFER_MUTATION}
         inputs: list[ArgSpec] = []
         bound: list[StateBinding] = []
         for node in edge_program.graph.nodes:
@@ -110,33 +129,39 @@ class DelegateSignature:
             spec = kinds[node.name]
             if spec.kind == InputKind.USER_INPUT:
                 inputs.append(_arg(node))
-            elif spec.kind == InputKind.BUFFER and spec.target in states:
+            elif spec.kind == InputKind.BUFFER and spec.target in state:
                 arg = _arg(node)
                 bound.append(
-                    StateBinding(node.name, spec.target, states[spec.target], arg.dtype, arg.shape, spec.target in mutated)
+                    StateBinding(node.name, spec.target, state[spec.target], arg.dtype, arg.shape, spec.target in mutated)
                 )
-        undeclared = sorted(mutated - set(states))
-        if undeclared:
-            raise ExportError(
-                f"delegate mutates buffer(s) {', '.join(undeclared)} that are not declared as state; declare them "
-                "(MethodSource(state={fqn: identity})) so the core owns their storage"
-            )
         output_node = next(n for n in edge_program.graph.nodes if n.op == "output")
-        values = list(output_node.args[0])
         outputs = [
             _arg(value)
-            for value, spec in zip(values, signature.output_specs)
+            for value, spec in zip(output_node.args[0], signature.output_specs)
             if spec.kind == OutputKind.USER_OUTPUT
         ]
-        return cls(tuple(inputs), tuple(outputs), tuple(bound))
+        counts: dict[str, int] = {}
+        for node in edge_program.graph.nodes:
+            if node.op == "call_function" and node.target is not operator.getitem:
+                name = operator_name(node.target)
+                counts[name] = counts.get(name, 0) + 1
+        return cls(tuple(inputs), tuple(outputs), tuple(bound), tuple(sorted(counts.items())))
 
-    def with_uid(self, payload: bytes) -> DelegateSignature:
-        h = hashlib.sha256(payload)
-        h.update(json.dumps(self.to_json(include_uid=False), sort_keys=True).encode())
-        return DelegateSignature(self.inputs, self.outputs, self.states, h.hexdigest()[:24])
+    def sealed(self, payload: bytes | memoryview) -> DelegateSignature:
+        """This signature with the payload's hash and the uid derived from both."""
+        unsealed = replace(self, payload_sha256=hashlib.sha256(payload).hexdigest(), uid="")
+        return replace(unsealed, uid=unsealed.computed_uid())
 
-    def to_json(self, *, include_uid: bool = True) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def computed_uid(self) -> str:
+        """The uid this signature's content implies (everything but the uid itself): a changed record shows."""
+        content = self.to_json()
+        content["uid"] = ""
+        return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:32]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "uid": self.uid,
+            "payload_sha256": self.payload_sha256,
             "inputs": [_arg_json(a) for a in self.inputs],
             "outputs": [_arg_json(a) for a in self.outputs],
             "states": [
@@ -150,10 +175,8 @@ class DelegateSignature:
                 }
                 for s in self.states
             ],
+            "operators": [[name, count] for name, count in self.operators],
         }
-        if include_uid:
-            out["uid"] = self.uid
-        return out
 
     @classmethod
     def from_json(cls, obj: Any, where: str) -> DelegateSignature:
@@ -163,20 +186,31 @@ class DelegateSignature:
                 outputs=tuple(_arg_from(a) for a in obj["outputs"]),
                 states=tuple(
                     StateBinding(
-                        str(s["placeholder"]),
-                        str(s["fqn"]),
-                        str(s["state"]),
-                        str(s["dtype"]),
+                        _str(s["placeholder"]),
+                        _str(s["fqn"]),
+                        _str(s["state"]),
+                        _str(s["dtype"]),
                         _shape(s["shape"]),
-                        bool(s["written"]),
+                        _bool(s["written"]),
                     )
-                    for s in obj.get("states", [])
+                    for s in obj["states"]
                 ),
-                uid=str(obj.get("uid", "")),
+                operators=tuple((_str(name), _count(count)) for name, count in obj["operators"]),
+                payload_sha256=_str(obj["payload_sha256"]),
+                uid=_str(obj["uid"]),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProgramError(f"{where}: malformed delegate signature ({type(exc).__name__}: {exc})") from None
 
+
+def operator_name(target: Any) -> str:
+    """``aten::add.Tensor`` for an aten or edge operator overload; the callable's name otherwise."""
+    import torch
+
+    op = target if isinstance(target, torch._ops.OpOverload) else getattr(target, "_op", None)
+    if isinstance(op, torch._ops.OpOverload):
+        return str(op.name())
+    return str(getattr(target, "__name__", target))
 
 
 def _arg(node: Any) -> ArgSpec:
@@ -190,9 +224,27 @@ def _arg(node: Any) -> ArgSpec:
     return ArgSpec(node.name, _dtype_name(value.dtype), shape)
 
 
+def _str(raw: Any) -> str:
+    if not isinstance(raw, str):
+        raise TypeError(f"expected a string, found {raw!r}")
+    return raw
+
+
+def _bool(raw: Any) -> bool:
+    if not isinstance(raw, bool):
+        raise TypeError(f"expected true or false, found {raw!r}")
+    return raw
+
+
+def _count(raw: Any) -> int:
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
+        raise ValueError(f"expected a count, found {raw!r}")
+    return raw
+
+
 def _shape(raw: Any) -> tuple[int, ...]:
-    if not isinstance(raw, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in raw):
-        raise ValueError(f"shape must be a list of integers, found {raw!r}")
+    if not isinstance(raw, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in raw):
+        raise ValueError(f"shape must be a list of non-negative integers, found {raw!r}")
     return tuple(raw)
 
 
@@ -201,31 +253,31 @@ def _arg_json(a: ArgSpec) -> dict[str, Any]:
 
 
 def _arg_from(obj: Any) -> ArgSpec:
-    return ArgSpec(str(obj["name"]), str(obj["dtype"]), _shape(obj["shape"]))
+    return ArgSpec(_str(obj["name"]), _str(obj["dtype"]), _shape(obj["shape"]))
 
 
-def state_map_from_compile_specs(compile_specs: Iterable[Any]) -> dict[str, str]:
-    for spec in compile_specs:
-        if spec.key == STATE_COMPILE_SPEC:
-            return dict(json.loads(bytes(spec.value).decode()))
-    return {}
+# ----------------------------------------------------------------------------- blob wrapper
 
 
-def wrap_blob(payload: bytes, signature: DelegateSignature) -> tuple[bytes, DelegateSignature]:
-    signature = signature.with_uid(payload)
+def wrap_blob(payload: bytes, uid: str) -> bytes:
+    """The core's container around a plugin payload: the delegate's uid, then the payload untouched."""
     writer = BlobWriter(required_features=[DELEGATE_FEATURE], producer="etsdk")
-    writer.add_section(IO_SECTION, json.dumps(signature.to_json(), separators=(",", ":")).encode())
+    writer.add_section(DELEGATE_SECTION, json.dumps({"uid": uid}, separators=(",", ":")).encode())
     writer.add_section(PAYLOAD_SECTION, payload, alignment=64)
-    return writer.to_bytes(), signature
+    return writer.to_bytes()
 
 
-def unwrap_blob(blob: memoryview | bytes, where: str) -> tuple[DelegateSignature, memoryview]:
+def unwrap_blob(blob: memoryview | bytes, where: str) -> tuple[str, memoryview]:
+    """``(uid, payload)`` of a wrapped delegate blob; a malformed or newer wrapper is refused."""
     reader = BlobReader(blob, known_features={DELEGATE_FEATURE})
     try:
-        io = json.loads(bytes(reader.section(IO_SECTION)).decode("utf-8"))
+        header = json.loads(bytes(reader.section(DELEGATE_SECTION)).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProgramError(f"{where}: delegate signature is not valid JSON: {exc}") from None
-    return DelegateSignature.from_json(io, where), reader.section(PAYLOAD_SECTION)
+        raise ProgramError(f"{where}: delegate header is not valid JSON: {exc}") from None
+    uid = header.get("uid") if isinstance(header, dict) else None
+    if not isinstance(uid, str) or not uid:
+        raise ProgramError(f"{where}: delegate header has no uid")
+    return uid, reader.section(PAYLOAD_SECTION)
 
 
 # ----------------------------------------------------------------------------- program record
@@ -233,6 +285,8 @@ def unwrap_blob(blob: memoryview | bytes, where: str) -> tuple[DelegateSignature
 
 @dataclass(frozen=True, slots=True)
 class DelegateRecord:
+    """One etsdk delegate of a method, in engine order: its backend and signature."""
+
     backend: str
     signature: DelegateSignature
 
@@ -244,7 +298,7 @@ class ProgramRecord:
     methods: Mapping[str, tuple[DelegateRecord, ...]]
     contract: Contract | None = None
     producer: str = ""
-    state_fqns: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    extra: Mapping[str, Any] = field(default_factory=dict)
 
     def to_bytes(self) -> bytes:
         return json.dumps(
@@ -253,7 +307,6 @@ class ProgramRecord:
                 "format_version": [PROGRAM_FORMAT_MAJOR, 0],
                 "producer": self.producer,
                 "contract": self.contract.to_json() if self.contract is not None else None,
-                "state_fqns": {m: dict(v) for m, v in self.state_fqns.items()},
                 "methods": {
                     method: [{"backend": d.backend, "signature": d.signature.to_json()} for d in delegates]
                     for method, delegates in self.methods.items()
@@ -266,12 +319,17 @@ class ProgramRecord:
     def from_bytes(cls, data: bytes | memoryview, where: str) -> ProgramRecord:
         try:
             obj = json.loads(bytes(data).decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ProgramError(f"{where}: etsdk program record is not valid JSON: {exc}") from None
-        check_format(
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+            raise ProgramError(f"{where}: etsdk program record is not valid JSON: {type(exc).__name__}") from None
+        major, _ = check_format(
             obj, expected=PROGRAM_FORMAT, major=PROGRAM_FORMAT_MAJOR, minor=0, where=where, error=ProgramError,
             what="etsdk program record",
         )
+        if major < PROGRAM_FORMAT_MAJOR:
+            raise ProgramError(
+                f"{where}: etsdk program record format {major} was written by an older etsdk; this etsdk reads "
+                f"format {PROGRAM_FORMAT_MAJOR}: re-export the program"
+            )
         contract = None
         if obj.get("contract") is not None:
             contract = Contract.from_json(obj["contract"], where=f"{where}: contract record")
@@ -290,44 +348,48 @@ class ProgramRecord:
                     DelegateRecord(d["backend"], DelegateSignature.from_json(d.get("signature"), f"{where}: methods.{method}[{i}]"))
                 )
             methods[method] = tuple(records)
-        fqns = obj.get("state_fqns") or {}
-        if not isinstance(fqns, dict):
-            raise ProgramError(f"{where}: state_fqns must be an object")
-        return cls(methods=methods, contract=contract, producer=str(obj.get("producer", "")), state_fqns=fqns)
+        producer = obj.get("producer", "")
+        return cls(methods=methods, contract=contract, producer=producer if isinstance(producer, str) else "")
 
 
-def check_binding_order(method: str, graph_module: Any, etsdk_backends: Iterable[str]) -> tuple[DelegateRecord, ...]:
+# ----------------------------------------------------------------------------- export-time order check
+
+
+def check_binding_order(
+    method: str,
+    graph_module: Any,
+    signatures: Mapping[str, tuple[str, DelegateSignature, tuple[str | None, ...]]],
+) -> tuple[DelegateRecord, ...]:
     """Match every etsdk delegate call in ``graph_module`` against its signature; return the records in engine order.
 
-    Delegates of backends outside etsdk (e.g. XNNPACK in a mixed program) carry no etsdk signature and are skipped.
+    ``signatures``: uid -> (backend id, signature, the node ids its inputs came from), as preprocess recorded
+    them. A call's arguments must be exactly those nodes, in that order (by identity, whichever partitioner
+    pass produced them). Delegates of backends outside etsdk (e.g. XNNPACK) carry no etsdk wrapper and are
+    skipped.
     """
-    import operator
-
-    ours = set(etsdk_backends)
     records: list[DelegateRecord] = []
-    # A delegate's placeholders carry the names its inputs had before partitioning;
-    # an input produced by an earlier delegate is now that delegate's getitem node.
-    # ``original`` maps such getitem names back to the producing delegate's output name.
-    original: dict[str, str] = {}
     for node in graph_module.graph.nodes:
         if node.op != "call_function" or getattr(node.target, "__name__", "") != "executorch_call_delegate":
             continue
         lowered = getattr(graph_module, node.args[0].target)
-        if lowered.backend_id not in ours:
-            continue
-        signature, _ = unwrap_blob(lowered.processed_bytes, f"method '{method}', delegate {lowered.backend_id}")
         where = f"method '{method}', delegate {len(records)} ({lowered.backend_id})"
-        for user in node.users:
-            if user.op == "call_function" and user.target is operator.getitem and user.args[1] < len(signature.outputs):
-                original[user.name] = signature.outputs[user.args[1]].name
-        engine_args = [original.get(a.name, a.name) if hasattr(a, "name") else repr(a) for a in node.args[1:]]
-        expected = [a.name for a in signature.inputs]
-        if engine_args != expected:
+        try:
+            uid, _ = unwrap_blob(lowered.processed_bytes, where)
+        except Exception:  # noqa: BLE001 - not an etsdk-wrapped delegate (another backend family)
+            continue
+        if uid not in signatures:
+            raise ExportError(f"{where}: the delegate's uid {uid} was not produced by this export")
+        backend, signature, sources = signatures[uid]
+        engine_args = list(node.args[1:])
+        found = [a.meta.get(NODE_ID_META) if hasattr(a, "meta") else None for a in engine_args]
+        if len(found) != len(sources) or any(f is None or f != s for f, s in zip(found, sources)):
+            names = [getattr(a, "name", repr(a)) for a in engine_args]
+            expected = [a.name for a in signature.inputs]
             first = next(
-                (i for i, (e, g) in enumerate(zip(expected, engine_args)) if e != g), min(len(expected), len(engine_args))
+                (i for i, (f, s) in enumerate(zip(found, sources)) if f is None or f != s), min(len(found), len(sources))
             )
             raise ExportError(
-                f"{where}: the engine binds arguments {engine_args} but the delegate expects {expected} "
+                f"{where}: the engine binds arguments {names} but the delegate expects {expected} "
                 f"(first difference at position {first}); refusing to emit a program with swapped bindings"
             )
         getitems = {
@@ -340,11 +402,22 @@ def check_binding_order(method: str, graph_module: Any, etsdk_backends: Iterable
                 value = value[index] if index < len(value) else None
             if value is None:
                 continue
-            found = (_dtype_name(value.dtype), tuple(int(d) for d in value.shape))
-            if found != (out.dtype, out.shape):
+            got = (_dtype_name(value.dtype), tuple(int(d) for d in value.shape))
+            if got != (out.dtype, out.shape):
                 raise ExportError(
-                    f"{where}: output {index} is bound as {found[0]} {list(found[1])} but the delegate produces "
+                    f"{where}: output {index} is bound as {got[0]} {list(got[1])} but the delegate produces "
                     f"{out.describe()}"
                 )
-        records.append(DelegateRecord(lowered.backend_id, signature))
+        records.append(DelegateRecord(backend, signature))
     return tuple(records)
+
+
+def input_sources(edge_program: Any) -> tuple[str | None, ...]:
+    """The node ids the partition's user inputs came from, in binding order (export only)."""
+    from torch.export.graph_signature import InputKind
+
+    user = {spec.arg.name for spec in edge_program.graph_signature.input_specs if spec.kind == InputKind.USER_INPUT}
+    return tuple(
+        node.meta.get(NODE_ID_META) for node in edge_program.graph.nodes if node.op == "placeholder" and node.name in user
+    )
+

@@ -7,11 +7,11 @@ import shutil
 from typing import Any
 
 from etsdk import hookimpl
-from etsdk.registration import Availability, BackendSpec, Capability
+from etsdk.backend import Availability, BackendSpec, Capability, Option
 
 from etsdk_aoti import BACKEND_ID
 
-ETSDK_PLUGIN_API = ">=1,<2"
+ETSDK_PLUGIN_API = ">=2,<3"
 
 
 def _partitioner(**options: Any) -> Any:
@@ -20,10 +20,10 @@ def _partitioner(**options: Any) -> Any:
     return AotiPartitioner(**options)
 
 
-def _preprocess(edge_program: Any, compile_specs: Any) -> Any:
+def _preprocess(partition: Any) -> Any:
     from etsdk_aoti.serializer import preprocess
 
-    return preprocess(edge_program, compile_specs)
+    return preprocess(partition)
 
 
 def _runtime() -> Any:
@@ -52,5 +52,6 @@ def etsdk_register_backends() -> list[BackendSpec]:
             capabilities=frozenset({Capability.CPU, Capability.CUDA, Capability.CALLER_OWNED_STATE, Capability.NAMED_DATA}),
             probe=_probe,
             description="AOTInductor-compiled partitions run through the model-container C API (cpu or cuda)",
+            options=(Option("device", str, None, "cpu, cuda or cuda:N (default: cuda when available)"),),
         )
     ]

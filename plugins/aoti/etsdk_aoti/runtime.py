@@ -10,9 +10,10 @@ missing constant fails the load, named. Weights are bound user-managed: on CPU
 each constant is a zero-copy view of the mapped ``.pte`` / ``.ptd`` with its
 own exact-size storage; on CUDA each is copied to the device once.
 
-State constants are bound to the current session's storage before a call
-whenever the session differs from the last one bound, so the compiled code
-updates the caller's cache in place.
+State constants are bound to the session storage the core pushes into
+``execute`` whenever it differs from the storage bound last (another session),
+so the compiled code updates the caller's cache in place. The handle keeps the
+bound tensors (the library needs them alive), never the session.
 """
 
 from __future__ import annotations
@@ -26,12 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from etsdk.blob import BlobReader
-from etsdk.bridge import InitContext
-from etsdk.bridge.build import cache_dir
-from etsdk.dtypes import dtype_name, torch_dtype
-from etsdk.errors import BackendUnavailableError, BlobFormatError, ProgramError
-from etsdk.state import current_session
+from etsdk import BackendUnavailableError, BlobFormatError, ProgramError
+from etsdk.backend import BlobReader, InitContext, cache_dir, dtype_name, torch_dtype
 
 from etsdk_aoti import BACKEND_ID, BLOB_FEATURE, weights
 from etsdk_aoti.library import ConstantKind, Library
@@ -39,10 +36,15 @@ from etsdk_aoti.library import ConstantKind, Library
 _MAY_BE_ABSENT = {ConstantKind.BUFFER.value, ConstantKind.TENSOR_CONSTANT.value, ConstantKind.FOLDED.value}
 
 
-def _library_file(data: memoryview) -> Path:
-    """The compiled library on disk (dlopen needs a file), cached by content."""
-    digest = hashlib.sha256(data).hexdigest()[:32]
-    path = cache_dir() / "aoti" / f"{digest}.so"
+def _library_file(data: memoryview, expected: str) -> Path:
+    """The compiled library on disk (dlopen needs a file), cached by content; its hash checked first."""
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != expected:
+        raise BlobFormatError(
+            f"etsdk-aoti: the compiled library's SHA-256 is {digest[:16]}..., the blob records {expected[:16]}...; "
+            "refusing to load a damaged library"
+        )
+    path = cache_dir() / "aoti" / f"{digest[:32]}.so"
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".so")
@@ -60,35 +62,34 @@ def _json(reader: BlobReader, name: str) -> Any:
 
 
 class AotiHandle:
-    def __init__(self, library: Library, num_inputs: int, states: list[tuple[str, str, tuple[int, ...], str]], device: str) -> None:
+    def __init__(self, library: Library, num_inputs: int, states: list[tuple[str, int, tuple[int, ...], str]], device: str) -> None:
         self._library = library
         self._num_inputs = num_inputs
-        self._states = states  # (constant name, state identity, shape, dtype)
-        self._bound_session: Any = None
+        self._states = states  # (constant name, index into the pushed state, shape, dtype)
+        self._bound: tuple[Any, ...] | None = None  # the state tensors bound last (kept alive for the library)
         self._device = device
         self._cuda = device.startswith("cuda")
 
-    def _bind_state(self) -> None:
-        session = current_session()
-        if session is self._bound_session:
+    def _bind_state(self, state: tuple[Any, ...]) -> None:
+        if state is self._bound:
             return
         pairs = []
-        for name, identity, shape, dtype in self._states:
-            tensor = session.tensor(identity)
+        wanted_device = "cuda" if self._cuda else "cpu"
+        for name, index, shape, dtype in self._states:
+            tensor = state[index]
             found = (dtype_name(tensor.dtype), tuple(tensor.shape), tensor.device.type)
-            wanted_device = "cuda" if self._cuda else "cpu"
             if found != (dtype, shape, wanted_device) or not tensor.is_contiguous():
                 raise ProgramError(
-                    f"state '{identity}' is {found[0]} {list(found[1])} on {found[2]}; the compiled library binds it as "
+                    f"state {index} is {found[0]} {list(found[1])} on {found[2]}; the compiled library binds it as "
                     f"{dtype} {list(shape)} on {wanted_device} (contiguous)"
                 )
             pairs.append((name, tensor))
         self._library.bind_user_managed(pairs)
-        self._bound_session = session
+        self._bound = state
 
-    def execute(self, args: tuple[Any, ...]) -> None:
+    def execute(self, args: tuple[Any, ...], state: tuple[Any, ...]) -> None:
         if self._states:
-            self._bind_state()
+            self._bind_state(state)
         inputs: Sequence[Any] = args[: self._num_inputs]
         if self._cuda:
             inputs = [t.to(self._device, non_blocking=True) for t in inputs]
@@ -99,6 +100,7 @@ class AotiHandle:
             out.copy_(result)
 
     def destroy(self) -> None:
+        self._bound = None
         self._library.close()
 
 
@@ -117,7 +119,10 @@ class AotiBinding:
                 f"this program was compiled by etsdk-aoti for {device}, but no CUDA device is available",
                 backend_id=BACKEND_ID,
             )
-        library = Library(_library_file(reader.section("library")), device)
+        expected = config.get("library_sha256")
+        if not isinstance(expected, str):
+            raise BlobFormatError("etsdk-aoti blob: config records no library_sha256")
+        library = Library(_library_file(reader.section("library"), expected), device)
         try:
             handle = self._bind(library, config, records, context, device)
         except BaseException:
@@ -145,7 +150,7 @@ class AotiBinding:
                     f"{config.get('weights_bytes')} (truncated or from another export)"
                 )
         pairs: list[tuple[str, Any]] = []
-        states: list[tuple[str, str, tuple[int, ...], str]] = []
+        states: list[tuple[str, int, tuple[int, ...], str]] = []
         missing: list[str] = []
         for record in records:
             source = record.get("source")
@@ -153,7 +158,10 @@ class AotiBinding:
             if source == "folded":
                 continue
             if source == "state":
-                states.append((name, str(record["state"]), tuple(record["shape"]), str(record["dtype"])))
+                index = record["index"]
+                if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(context.states):
+                    raise BlobFormatError(f"constant '{name}' names state {index!r}; the delegate binds {len(context.states)}")
+                states.append((name, index, tuple(record["shape"]), str(record["dtype"])))
             elif source == "weights":
                 if buffer is None:
                     raise BlobFormatError(f"constant '{name}' lives in the weights, but the blob names no weights entry")

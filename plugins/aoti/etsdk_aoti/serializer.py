@@ -10,34 +10,28 @@ The blob (etsdk container, feature ``aoti.container.v1``) holds three sections:
 * ``config``: device, input / output counts, the weights' named-data key and size.
 
 Weights never enter the blob: they are written tensor by tensor to a file in
-the layout of :mod:`etsdk_aoti.weights` and handed to ExecuTorch's named data
-as a file-backed entry, so no model-sized bytes object exists during export.
+the layout of :mod:`etsdk_aoti.weights` and handed to the partition's named-data
+writer as a file, so no model-sized bytes object exists during export.
 Compilation uses Inductor options only (no patching of torch or executorch).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
-import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from etsdk.blob import BlobWriter
-from etsdk.dtypes import dtype_name
-from etsdk.errors import ExportError
-from etsdk.signature import DelegateSignature
-from executorch.exir._serialize._cord import FileBackedData
-from executorch.exir._serialize._named_data_store import NamedDataStore
-from executorch.exir.backend.backend_details import PreprocessResult
-from executorch.exir.backend.compile_spec_schema import CompileSpec
+from etsdk import ExportError
+from etsdk.backend import BlobWriter, DelegateSignature, Partition, dtype_name
 
 from etsdk_aoti import BLOB_FEATURE, weights
 from etsdk_aoti.library import ConstantKind, Library
-from etsdk_aoti.partitioner import DEVICE_SPEC, EXTERNAL_DATA_SPEC
+from etsdk_aoti.partitioner import DEVICE_SPEC
 
 INDUCTOR_OPTIONS = {
     "aot_inductor.package": True,
@@ -103,7 +97,7 @@ def describe_constants(
             record["source"] = "folded"
         elif constant.fqn in states:
             state = states[constant.fqn]
-            record.update(source="state", state=state.state, dtype=state.dtype, shape=list(state.shape))
+            record.update(source="state", index=signature.states.index(state), dtype=state.dtype, shape=list(state.shape))
         elif tensor is None:
             record["source"] = "absent"
         else:
@@ -125,53 +119,65 @@ def describe_constants(
     return records, tensors
 
 
-def preprocess(edge_program: Any, compile_specs: list[CompileSpec]) -> PreprocessResult:
-    specs = {spec.key: bytes(spec.value).decode() for spec in compile_specs if spec.key in (DEVICE_SPEC, EXTERNAL_DATA_SPEC)}
-    device = specs.get(DEVICE_SPEC, "cpu")
-    external = specs.get(EXTERNAL_DATA_SPEC)
-    signature = DelegateSignature.from_edge_program(edge_program, compile_specs)
+def preprocess(partition: Partition) -> bytes:
+    edge_program = partition.program
+    device = partition.compile_specs.get(DEVICE_SPEC, b"cpu").decode()
+    signature = partition.signature
     workdir = Path(tempfile.mkdtemp(prefix="etsdk-aoti-"))
-    library_path, produced = compile_partition(edge_program, device, workdir)
-    # The constants' metadata is read from a container on the compile device: the
-    # blob is written from what the container says, not from the state dict.
-    library = Library(library_path, device)
-    records, tensors = describe_constants(library, edge_program, produced, signature)
-    num_inputs, num_outputs = library.num_inputs, library.num_outputs
-    library.close()
-    del produced
-    slots, total = weights.layout([(r["name"], r["nbytes"]) for r in records if r["source"] == "weights"], device)
-    for record in records:
-        for slot in slots:
-            if slot.name == record["name"]:
-                record["offset"] = slot.offset
-    store = NamedDataStore()
+    weights_path: Path | None = None
     weights_key = None
-    if slots:
-        weights_path = workdir / "weights.bin"
-        digest = weights.write_file(weights_path, slots, tensors)
-        weights_key = f"etsdk_aoti/{digest[:32]}"
-        data = FileBackedData(str(weights_path), cleanup=True, sha256=bytes.fromhex(digest))
-        store.add_named_data(weights_key, data, alignment=64, external_tag=external)
-        weakref.finalize(data, shutil.rmtree, workdir, True)  # the file lives until the program is written
-    del tensors
-    config = {
-        "device": device,
-        "num_inputs": num_inputs,
-        "num_outputs": num_outputs,
-        "weights_key": weights_key,
-        "weights_bytes": total,
-    }
-    if num_inputs != len(signature.inputs) or num_outputs != len(signature.outputs):
-        raise ExportError(
-            f"the compiled library takes {num_inputs} inputs and returns {num_outputs} outputs, the delegate binds "
-            f"{len(signature.inputs)} and {len(signature.outputs)}"
-        )
-    writer = BlobWriter(required_features=[BLOB_FEATURE], producer="etsdk-aoti")
-    writer.add_section("config", json.dumps(config).encode())
-    writer.add_section("constants", json.dumps(records).encode())
-    writer.add_file_section("library", library_path, alignment=4096)
-    blob = writer.to_bytes()
-    library_path.unlink(missing_ok=True)
-    if weights_key is None:
+    try:
+        library_path, produced = compile_partition(edge_program, device, workdir)
+        # The constants' metadata is read from a container on the compile device: the
+        # blob is written from what the container says, not from the state dict.
+        library = Library(library_path, device)
+        records, tensors = describe_constants(library, edge_program, produced, signature)
+        num_inputs, num_outputs = library.num_inputs, library.num_outputs
+        library.close()
+        del produced
+        if num_inputs != len(signature.inputs) or num_outputs != len(signature.outputs):
+            raise ExportError(
+                f"the compiled library takes {num_inputs} inputs and returns {num_outputs} outputs, the delegate "
+                f"binds {len(signature.inputs)} and {len(signature.outputs)}"
+            )
+        slots, total = weights.layout([(r["name"], r["nbytes"]) for r in records if r["source"] == "weights"], device)
+        offsets = {slot.name: slot.offset for slot in slots}
+        for record in records:
+            if record["name"] in offsets:
+                record["offset"] = offsets[record["name"]]
+        if slots:
+            fd, name = tempfile.mkstemp(prefix="etsdk-aoti-weights-", suffix=".bin")
+            os.close(fd)
+            weights_path = Path(name)
+            digest = weights.write_file(weights_path, slots, tensors)
+            # the writer deletes the file once the program is written
+            weights_key = partition.named_data.add_file(weights_path, sha256=digest, cleanup=True)
+        del tensors
+        library_sha256 = _sha256_file(library_path)
+        config = {
+            "device": device,
+            "num_inputs": num_inputs,
+            "num_outputs": num_outputs,
+            "weights_key": weights_key,
+            "weights_bytes": total,
+            "library_sha256": library_sha256,
+        }
+        writer = BlobWriter(required_features=[BLOB_FEATURE], producer="etsdk-aoti")
+        writer.add_section("config", json.dumps(config).encode())
+        writer.add_section("constants", json.dumps(records).encode())
+        writer.add_file_section("library", library_path, alignment=4096)
+        return writer.to_bytes()  # the library file is deleted below
+    finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    return PreprocessResult(processed_bytes=blob, data_store_output=store.get_named_data_store_output())
+        if weights_path is not None and weights_key is None:
+            weights_path.unlink(missing_ok=True)  # failed before the writer took it
+
+
+def _sha256_file(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(8 * 1024 * 1024):
+            h.update(chunk)
+    return h.hexdigest()

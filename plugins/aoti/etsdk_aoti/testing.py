@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import etsdk
-from etsdk.contract import Contract
-from etsdk.lowering import MethodSource
+from etsdk import Contract, MethodSource
 
 CONTRACT_PATH = Path(__file__).resolve().parent / "data" / "test_llama_kv.json"
 

@@ -78,7 +78,7 @@ def write_file(path: Path, slots: Sequence[Slot], tensors: Sequence[Any]) -> str
 def read(buffer: memoryview, slot: Slot, dtype: Any, shape: Sequence[int], stride: Sequence[int]) -> Any:
     """One constant as a zero-copy tensor with its own exact-size storage."""
     import torch
-    from etsdk.bridge import readonly_tensor
+    from etsdk.backend import readonly_tensor
 
     if slot.offset + slot.nbytes > buffer.nbytes:
         raise ValueError(

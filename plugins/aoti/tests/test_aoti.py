@@ -16,10 +16,8 @@ from typing import Any
 import etsdk
 import pytest
 import torch
-from etsdk.blob import BLOB_MAGIC, BlobReader, BlobWriter
-from etsdk.bridge import InitContext
-from etsdk.signature import unwrap_blob
-from etsdk.testing import NamedDataStub
+from etsdk.backend import BlobReader, BlobWriter, InitContext
+from etsdk.testing import NamedDataStub, capture_delegates
 from etsdk_aoti import BACKEND_ID, BLOB_FEATURE, weights
 from etsdk_aoti.runtime import AotiBinding
 
@@ -46,15 +44,18 @@ def model() -> MLP:
 
 
 @pytest.fixture(scope="module")
-def exported(model: MLP, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def exported(model: MLP, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("aoti")
-    etsdk.lower(
-        module=model, example_inputs=(X,), backend=BACKEND_ID, partitioner_options={"external_data": "weights", "device": "cpu"}
-    ).save(root / "mlp.pte")
-    return {"pte": root / "mlp.pte", "ptd": root / "weights.ptd"}
+    with capture_delegates() as captured:
+        etsdk.lower(
+            module=model, example_inputs=(X,), backend=BACKEND_ID, partitioner_options={"device": "cpu"},
+            external_data="weights",
+        ).save(root / "mlp.pte")
+    (delegate,) = captured
+    return {"pte": root / "mlp.pte", "ptd": root / "weights.ptd", "delegate": delegate}
 
 
-def test_mlp_matches_eager(exported: dict[str, Path], model: MLP) -> None:
+def test_mlp_matches_eager(exported: dict[str, Any], model: MLP) -> None:
     program = etsdk.load(exported["pte"], data=exported["ptd"])
     assert program.delegates("forward") == (BACKEND_ID,)
     for seed in range(3):
@@ -62,13 +63,13 @@ def test_mlp_matches_eager(exported: dict[str, Path], model: MLP) -> None:
         torch.testing.assert_close(program.run("forward", x)[0], model(x), **TOLERANCE)
 
 
-def test_weights_are_in_the_ptd_not_the_pte(exported: dict[str, Path]) -> None:
+def test_weights_are_in_the_ptd_not_the_pte(exported: dict[str, Any]) -> None:
     weight_bytes = (16 * 64 + 64 + 64 * 8 + 8) * 4
     assert exported["ptd"].stat().st_size >= weight_bytes
     assert exported["pte"].stat().st_size < exported["ptd"].stat().st_size + 2_000_000  # the .pte holds the library, not weights
 
 
-def test_normal_load_prints_no_aoti_warnings(exported: dict[str, Path]) -> None:
+def test_normal_load_prints_no_aoti_warnings(exported: dict[str, Any]) -> None:
     code = (
         "import etsdk, torch\n"
         f"p = etsdk.load({str(exported['pte'])!r}, data={str(exported['ptd'])!r})\n"
@@ -85,37 +86,25 @@ def test_normal_load_prints_no_aoti_warnings(exported: dict[str, Path]) -> None:
 # ----------------------------------------------------------------------------- load-time failures
 
 
-def _payload(pte: Path) -> tuple[Any, bytes]:
-    data = pte.read_bytes()
-    start = data.index(BLOB_MAGIC)
-    total = int.from_bytes(data[start + 16 : start + 24], "little")
-    return unwrap_blob(memoryview(data[start : start + total]), "test")
-
-
-def _rebuild(payload: memoryview, *, constants: Any = None, config: Any = None, features: tuple[str, ...] = (BLOB_FEATURE,)) -> bytes:
+def _rebuild(
+    payload: bytes, *, constants: Any = None, config: Any = None, features: tuple[str, ...] = (BLOB_FEATURE,), library: bytes | None = None
+) -> bytes:
     reader = BlobReader(payload, known_features={BLOB_FEATURE})
     writer = BlobWriter(required_features=features)
     writer.add_section("config", json.dumps(config if config is not None else json.loads(bytes(reader.section("config")))).encode())
     writer.add_section("constants", json.dumps(constants if constants is not None else json.loads(bytes(reader.section("constants")))).encode())
-    writer.add_section("library", reader.section("library"), alignment=4096)
+    writer.add_section("library", library if library is not None else reader.section("library"), alignment=4096)
     return writer.to_bytes()
 
 
 @pytest.fixture(scope="module")
-def parts(exported: dict[str, Path]) -> dict[str, Any]:
-    signature, payload = _payload(exported["pte"])
-    config = json.loads(bytes(BlobReader(payload, known_features={BLOB_FEATURE}).section("config")))
-    constants = json.loads(bytes(BlobReader(payload, known_features={BLOB_FEATURE}).section("constants")))
-    import mmap
-
-
-    f = exported["ptd"].open("rb")
-    mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    # the weights entry is the one aligned run of bytes of the expected size inside the .ptd; find it by content
-    w = weights.tensor_bytes(MLP().eval().net[0].weight)
-    at = mapped.find(bytes(w[:64]))
-    weights_view = memoryview(mapped)[at : at + config["weights_bytes"]]
-    return {"signature": signature, "payload": payload, "config": config, "constants": constants, "weights": weights_view}
+def parts(exported: dict[str, Any]) -> dict[str, Any]:
+    delegate = exported["delegate"]
+    reader = BlobReader(delegate.payload, known_features={BLOB_FEATURE})
+    config = json.loads(bytes(reader.section("config")))
+    constants = json.loads(bytes(reader.section("constants")))
+    weights_view = memoryview(delegate.named_data[config["weights_key"]])
+    return {"signature": delegate.signature, "payload": delegate.payload, "config": config, "constants": constants, "weights": weights_view}
 
 
 def _init(parts: dict[str, Any], blob: bytes, weights_view: memoryview | None = None) -> Any:
@@ -128,7 +117,7 @@ def test_crafted_context_loads_and_runs(parts: dict[str, Any], model: MLP) -> No
     handle = _init(parts, _rebuild(parts["payload"]))
     out = torch.empty(4, 8)
     with torch.no_grad():
-        handle.execute((X, out))
+        handle.execute((X, out), ())
     torch.testing.assert_close(out, model(X), **TOLERANCE)
 
 
@@ -159,13 +148,27 @@ def test_truncated_weights_are_refused(parts: dict[str, Any]) -> None:
         _init(parts, _rebuild(parts["payload"]), parts["weights"][:100])
 
 
+def test_damaged_library_is_refused_before_dlopen(parts: dict[str, Any]) -> None:
+    library = bytearray(BlobReader(parts["payload"], known_features={BLOB_FEATURE}).section("library"))
+    library[len(library) // 2] ^= 0xFF
+    with pytest.raises(etsdk.BlobFormatError, match="library's SHA-256 is .* the blob records"):
+        _init(parts, _rebuild(parts["payload"], library=bytes(library)))
+
+
+def test_weights_entry_key_is_the_content_hash(parts: dict[str, Any]) -> None:
+    import hashlib
+
+    key = parts["config"]["weights_key"]
+    assert key == f"{BACKEND_ID}/{hashlib.sha256(parts['weights']).hexdigest()}"
+
+
 def test_unknown_required_feature_is_refused(parts: dict[str, Any]) -> None:
     blob = _rebuild(parts["payload"], features=(BLOB_FEATURE, "aoti.container.v2-sparse"))
     with pytest.raises(etsdk.UnsupportedFeatureError, match="aoti.container.v2-sparse"):
         _init(parts, blob)
 
 
-def test_truncated_ptd_file_fails_cleanly(exported: dict[str, Path], tmp_path: Path) -> None:
+def test_truncated_ptd_file_fails_cleanly(exported: dict[str, Any], tmp_path: Path) -> None:
     bad = tmp_path / "weights.ptd"
     bad.write_bytes(exported["ptd"].read_bytes()[:-512])
     code = (
@@ -229,7 +232,7 @@ class _Attention(torch.nn.Module):
 def test_partitioner_keeps_attention_whole_for_inductor() -> None:
     from etsdk_aoti.partitioner import AotiPartitioner
 
-    ep = torch.export.export(_Attention(), (torch.randn(1, 2, 4, 8),))
+    ep = torch.export.export(_Attention(), (torch.randn(1, 2, 4, 8),)).run_decompositions({})
     keep, check = AotiPartitioner(device="cpu").ops_to_not_decompose(ep)
     assert check is None
     assert keep == [torch.ops.aten.scaled_dot_product_attention.default]  # linear etc. are decomposed as usual

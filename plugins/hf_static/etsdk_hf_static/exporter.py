@@ -15,10 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import etsdk
-from etsdk.contract import Contract
-from etsdk.errors import ExportError
-from etsdk.generation import ExportRequest
-from etsdk.lowering import MethodSource
+from etsdk import Contract, ExportError, ExportRequest, MethodSource
 
 from etsdk_hf_static.metadata import CONTRACT_NAME, HfStaticMetadata
 from etsdk_hf_static.module import StaticCausalLM, causal_mask, state_fqns
@@ -115,9 +112,8 @@ def method_sources(
             causal_mask(0, rows, rows, meta.context_length),
         )
         backend = backends[name]
-        sources[name] = MethodSource(
-            wrapper, example, (backend,), {backend: dict((options or {}).get(backend, {}))}, strict=True, state=state
-        )
+        backend_options = {backend: dict(options[backend])} if options and backend in options else {}
+        sources[name] = MethodSource(wrapper, example, (backend,), backend_options, strict=True, state=state)
     return sources
 
 
@@ -148,14 +144,11 @@ def export(
         "prefill": etsdk.resolve_backend_id(prefill_backend or backend),
         "decode": etsdk.resolve_backend_id(decode_backend or backend),
     }
-    for backend_id in set(chosen.values()):
-        etsdk.get_backend(backend_id, require_available=True)
     loaded, directory = _load_model(model, quiet)
     meta = metadata_for(loaded, prefill_length, context_length)
-    options: dict[str, dict[str, Any]] = {b: dict((partitioner_options or {}).get(b, {})) for b in set(chosen.values())}
-    if external_data:
-        for opts in options.values():
-            opts.setdefault("external_data", output.stem)
+    options: dict[str, dict[str, Any]] = {
+        b: dict(o) for b, o in ((etsdk.resolve_backend_id(k), v) for k, v in (partitioner_options or {}).items())
+    }
     _say(
         f"{meta.architecture or type(loaded).__name__}: {meta.layers} layers, vocab {meta.vocab_size}, "
         f"T={meta.prefill_length}, S={meta.context_length}; prefill -> {chosen['prefill']}, decode -> {chosen['decode']}",
@@ -163,7 +156,9 @@ def export(
     )
     with torch.no_grad():
         sources = method_sources(loaded, meta, chosen, options)
-        lowered = etsdk.lower(sources, contract=_contract(meta), quiet=quiet)
+        lowered = etsdk.lower(
+            sources, contract=_contract(meta), external_data=output.stem if external_data else None, quiet=quiet
+        )
     written = lowered.save(output)
     if directory is not None:
         written += _save_tokenizer(directory, output, quiet)

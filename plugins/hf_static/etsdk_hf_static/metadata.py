@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from etsdk.contract import Contract, ContractError
+from etsdk import Contract, ContractError
 
 __all__ = ["CONTRACT_NAME", "MASK_CONVENTION", "SUPPORTED_VERSIONS", "HfStaticMetadata", "MetadataError", "read_metadata"]
 

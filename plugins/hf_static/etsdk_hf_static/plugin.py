@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from etsdk import hookimpl
-from etsdk.registration import RunnerSpec
+from etsdk import RunnerSpec, hookimpl
 
-ETSDK_PLUGIN_API = ">=1,<2"
+ETSDK_PLUGIN_API = ">=2,<3"
 
 
 def _runner(program: Any, **options: Any) -> Any:

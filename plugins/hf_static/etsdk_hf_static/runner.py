@@ -23,10 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from etsdk.contract import Contract, ContractError
-from etsdk.dtypes import dtype_name
-from etsdk.generation import GenerationError, GenerationResult, Sampling
-from etsdk.program import MethodInfo, Program
+from etsdk import Contract, ContractError, GenerationError, GenerationResult, MethodInfo, Program, Sampling, dtype_name
 
 from etsdk_hf_static.metadata import HfStaticMetadata, read_metadata
 from etsdk_hf_static.module import causal_mask
@@ -318,9 +315,8 @@ class HfStaticRunner:
     def from_file(cls, path: str | Path, data: str | Path | None = None) -> HfStaticRunner:
         """Load ``model.pte`` (and its ``.ptd``: given, or ``model.ptd`` beside it)."""
         import etsdk
-        from etsdk.program import data_beside
 
-        return cls.from_program(etsdk.load(path, data=data if data is not None else data_beside(path)))
+        return cls.from_program(etsdk.load(path, data=data if data is not None else etsdk.data_beside(path)))
 
     def new_conversation(self) -> Conversation:
         return Conversation(self)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
-from etsdk.generation import GenerationError, Sampling
+from etsdk import GenerationError, Sampling
 
 __all__ = ["choose", "generator_for"]
 

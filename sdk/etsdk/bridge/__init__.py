@@ -6,31 +6,40 @@ Python. This package is the Python half: the binding protocol plugin authors
 implement, the per-backend dispatcher, and the carrying of binding exceptions
 back to the caller.
 
-Binding protocol (see ``etsdk.backends.reference.runtime`` for a working one)::
+Binding protocol (typed in :mod:`etsdk.backend`; the reference backend is a working one)::
 
     class MyBinding:
         def init(self, context: InitContext) -> handle: ...   # once per delegate per method load
 
     class handle:
-        def execute(self, args: tuple) -> None: ...          # inputs then outputs
-        def destroy(self) -> None: ...                        # optional
+        def execute(self, args: tuple, state: tuple) -> None: ...   # inputs then outputs; session state
+        def destroy(self) -> None: ...                                # optional
 
 ``args`` holds the delegate's inputs followed by its outputs, in the order the
 program binds them. Tensors are torch tensors *sharing memory* with the runtime
 (write outputs in place, e.g. ``out.copy_(y)``); they are valid only during the
-call. Scalars arrive as Python ``int`` / ``float`` / ``bool``.
+call. Scalars arrive as Python ``int`` / ``float`` / ``bool``. ``state`` holds
+the calling session's storage for each of ``context.states``, in that order:
+the core pushes it (resolved once per session), so bindings never look a
+session up themselves; update it in place.
+
+Before ``init`` runs, the delegate's wrapper is matched with its entry in the
+program record (uid, position in the method, payload SHA-256): a blob whose
+bytes changed is refused before any plugin code parses it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import traceback
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from etsdk.errors import BridgeRegistryError, DelegateError, EtsdkError, ProgramError
-from etsdk.signature import DelegateSignature, ProgramRecord, unwrap_blob
+from etsdk.signature import DelegateSignature, ProgramRecord, StateBinding, unwrap_blob
 
 __all__ = [
     "DelegateHandle",
@@ -112,9 +121,13 @@ def readonly_tensor(buffer: memoryview, dtype: Any) -> Any:
 class InitContext:
     """What a binding's ``init`` receives for one delegate of one method.
 
-    ``blob`` is the plugin's own payload (what its preprocess returned), a
-    zero-copy view: keep a reference to keep it alive. ``signature`` lists the
-    delegate's engine arguments in binding order and the state it binds.
+    ``blob``: the plugin's own payload (exactly what its preprocess returned),
+    a zero-copy view of the loaded program: keep a reference while you use it.
+    ``compile_specs``: what the partitioner's ``DelegationSpec`` carried.
+    ``named_data``: the program's named data, usable during ``init`` only.
+    ``signature``: the delegate's engine arguments in binding order, its state
+    bindings and claimed operators. ``states``: the state bindings, in the order
+    ``execute`` receives the session's tensors.
     """
 
     backend_id: str
@@ -124,12 +137,20 @@ class InitContext:
     named_data: NamedData
     signature: DelegateSignature
 
+    @property
+    def states(self) -> tuple[StateBinding, ...]:
+        return self.signature.states
+
 
 class DelegateHandle(Protocol):
-    def execute(self, args: tuple[Any, ...]) -> None: ...
+    """What ``init`` returns: ``execute(args, state)`` per call, optional ``destroy()``."""
+
+    def execute(self, args: tuple[Any, ...], state: tuple[Any, ...]) -> None: ...
 
 
 class RuntimeBinding(Protocol):
+    """A backend's runtime side: ``init`` once per delegate per method load."""
+
     def init(self, context: InitContext) -> DelegateHandle: ...
 
 
@@ -181,10 +202,14 @@ class loading_method:
         _loading.context = self._previous
 
 
-def _check_against_record(backend_id: str, method: str, signature: DelegateSignature) -> None:
+def _signature_from_record(backend_id: str, method: str, uid: str, payload: memoryview) -> DelegateSignature:
+    """The delegate's record entry (by position in the method), after checking uid and payload hash."""
     context: loading_method | None = getattr(_loading, "context", None)
     if context is None:
-        return  # loaded outside etsdk.load (e.g. plain executorch.runtime): nothing to check against
+        raise ProgramError(
+            f"method '{method}', delegate {backend_id}: loaded outside etsdk.load(); etsdk delegates take their "
+            "signature from the program record: load the program with etsdk.load"
+        )
     where = f"{context.program}: method '{method}', delegate {context.index} ({backend_id})"
     if context.record is None:
         raise ProgramError(f"{where}: the program carries no etsdk program record; re-export it with etsdk.lower")
@@ -193,13 +218,20 @@ def _check_against_record(backend_id: str, method: str, signature: DelegateSigna
         raise ProgramError(f"{where}: the program record lists only {len(delegates)} etsdk delegate(s) for this method")
     expected = delegates[context.index]
     context.index += 1
-    if expected.backend != backend_id or expected.signature != signature:
+    if expected.signature.computed_uid() != expected.signature.uid:
+        raise ProgramError(f"{where}: the program record's entry for this delegate was altered (its uid does not match its content)")
+    if expected.backend != backend_id or expected.signature.uid != uid:
         raise ProgramError(
-            f"{where}: the delegate's signature does not match the program record (binding order or types differ): "
-            f"record binds inputs {[a.describe() for a in expected.signature.inputs]} -> outputs "
-            f"{[a.describe() for a in expected.signature.outputs]}, the delegate expects inputs "
-            f"{[a.describe() for a in signature.inputs]} -> outputs {[a.describe() for a in signature.outputs]}"
+            f"{where}: the delegate does not match its program record entry (binding order or delegates differ): "
+            f"record lists {expected.backend} uid {expected.signature.uid}, the program holds {backend_id} uid {uid}"
         )
+    digest = hashlib.sha256(payload).hexdigest()
+    if digest != expected.signature.payload_sha256:
+        raise ProgramError(
+            f"{where}: the delegate's payload is corrupted (SHA-256 {digest[:16]}..., the program record says "
+            f"{expected.signature.payload_sha256[:16]}...); refusing to hand it to the backend"
+        )
+    return expected.signature
 
 
 def _argument_check(backend_id: str, method: str, signature: DelegateSignature) -> Any:
@@ -254,8 +286,8 @@ class _Dispatcher:
     def init(self, backend_id: str, blob: Any, specs: list[tuple[str, bytes]], named: Any, method: str) -> Any:
         named_data = NamedData(named)
         try:
-            signature, payload = unwrap_blob(memoryview(blob), f"method '{method}', delegate {backend_id}")
-            _check_against_record(backend_id, method, signature)
+            uid, payload = unwrap_blob(memoryview(blob), f"method '{method}', delegate {backend_id}")
+            signature = _signature_from_record(backend_id, method, uid, payload)
             context = InitContext(
                 backend_id=backend_id,
                 method=method,
@@ -268,13 +300,14 @@ class _Dispatcher:
             if not callable(getattr(handle, "execute", None)):
                 raise TypeError(
                     f"the runtime binding of '{backend_id}' returned {type(handle).__name__} from init(), "
-                    "which has no execute(args) method"
+                    "which has no execute(args, state) method"
                 )
+            bound = _StatePush(handle, signature.states) if signature.states else _Stateless(handle)
         except BaseException as exc:  # noqa: BLE001 - carried to the caller by pop_delegate_error
             self.record_error("init", exc, None, method)
             return None
-        self._methods[id(handle)] = method
-        return handle, _argument_check(backend_id, method, signature)
+        self._methods[id(bound)] = method
+        return bound, _argument_check(backend_id, method, signature)
 
     def record_error(self, phase: str, error: BaseException, handle: Any, method: str | None = None) -> None:
         if method is None and handle is not None:
@@ -286,6 +319,55 @@ class _Dispatcher:
         destroy = getattr(handle, "destroy", None)
         if callable(destroy):
             destroy()
+
+
+class _Stateless:
+    """A handle of a delegate that binds no state: ``execute(args)`` from the bridge -> ``execute(args, ())``."""
+
+    __slots__ = ("handle", "execute")
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+        inner = handle.execute
+
+        def execute(args: tuple[Any, ...]) -> None:
+            inner(args, ())
+
+        self.execute = execute
+
+    def destroy(self) -> None:
+        destroy = getattr(self.handle, "destroy", None)
+        if callable(destroy):
+            destroy()
+
+
+class _StatePush(_Stateless):
+    """Pushes the calling session's storage for the delegate's state bindings into ``execute``.
+
+    The tuple is resolved once per session and kept with a weak reference to
+    that session (never the session itself: a loaded program must not keep its
+    sessions alive).
+    """
+
+    __slots__ = ("names", "session", "state")
+
+    def __init__(self, handle: Any, states: tuple[StateBinding, ...]) -> None:
+        self.handle = handle
+        self.names = tuple(s.state for s in states)
+        self.session: Any = None
+        self.state: tuple[Any, ...] = ()
+        inner = handle.execute
+
+        def execute(args: tuple[Any, ...]) -> None:
+            from etsdk.state import current_session
+
+            session = current_session()
+            if self.session is None or self.session() is not session:
+                self.state = tuple(session.tensor(name) for name in self.names)
+                self.session = weakref.ref(session)
+            inner(args, self.state)
+
+        self.execute = execute
 
 
 _lock = threading.Lock()

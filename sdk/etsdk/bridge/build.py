@@ -38,6 +38,7 @@ _module: ModuleType | None = None
 
 
 def cache_dir() -> Path:
+    """etsdk's per-user cache directory (``$ETSDK_CACHE_DIR``, else ``~/.cache/etsdk``): the bridge, compiled libraries."""
     root = os.environ.get("ETSDK_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "etsdk"
     )

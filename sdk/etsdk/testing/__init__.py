@@ -5,11 +5,24 @@
 * :class:`ToyDecoder` / :func:`kv_decoder_methods`: a small attention decoder
   with per-layer KV caches that follows the core's ``kv_decoder`` v1 contract,
   for testing stateful backends against eager PyTorch.
+* :func:`capture_delegates` / :func:`transform_payloads` /
+  :func:`with_required_feature`: see and change what an export hands to backends.
 """
 
+from etsdk.testing.delegates import CapturedDelegate, capture_delegates, transform_payloads, with_required_feature
 from etsdk.testing.plugins import PluginSite
 
-__all__ = ["NamedDataStub", "PluginSite", "ToyDecoder", "kv_decoder_methods"]
+__all__ = [
+    "CapturedDelegate",
+    "NamedDataStub",
+    "PluginSite",
+    "ToyDecoder",
+    "capture_delegates",
+    "kv_decoder_contract",
+    "kv_decoder_methods",
+    "transform_payloads",
+    "with_required_feature",
+]
 
 
 class NamedDataStub:

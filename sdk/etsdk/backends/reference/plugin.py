@@ -10,9 +10,9 @@ from typing import Any
 
 from etsdk.backends.reference import BACKEND_ID
 from etsdk.hookspec import hookimpl
-from etsdk.registration import BackendSpec, Capability
+from etsdk.registration import BackendSpec, Capability, Option
 
-ETSDK_PLUGIN_API = ">=1,<2"
+ETSDK_PLUGIN_API = ">=2,<3"
 
 
 def _partitioner(**options: Any) -> Any:
@@ -21,10 +21,10 @@ def _partitioner(**options: Any) -> Any:
     return ReferencePartitioner(**options)
 
 
-def _preprocess(edge_program: Any, compile_specs: Any) -> Any:
+def _preprocess(partition: Any) -> Any:
     from etsdk.backends.reference.serializer import preprocess
 
-    return preprocess(edge_program, compile_specs)
+    return preprocess(partition)
 
 
 def _runtime() -> Any:
@@ -44,7 +44,10 @@ def etsdk_register_backends() -> list[BackendSpec]:
             partitioner=_partitioner,
             preprocess=_preprocess,
             runtime=_runtime,
-            capabilities=frozenset({Capability.CPU, Capability.NAMED_DATA}),
+            capabilities=frozenset({Capability.CPU, Capability.NAMED_DATA, Capability.CALLER_OWNED_STATE}),
             description="computes its partitions with plain torch ops (reference and example)",
+            options=(
+                Option("ops", (list, tuple, frozenset, set), None, "aten operator names to claim (default: every one)"),
+            ),
         )
     ]

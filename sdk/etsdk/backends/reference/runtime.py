@@ -15,11 +15,9 @@ from typing import Any
 
 import torch
 
+from etsdk.backend import BlobReader, InitContext
 from etsdk.backends.reference.graph_format import GRAPH_FEATURE, GRAPH_SECTION
-from etsdk.blob import BlobReader
-from etsdk.bridge import InitContext
 from etsdk.errors import BlobFormatError
-from etsdk.state import current_session
 
 _ENUMS: dict[str, Callable[[str], Any]] = {
     "dtype": lambda v: getattr(torch, v),
@@ -52,18 +50,17 @@ class _Program:
             raise BlobFormatError("reference graph must be an object with inputs, nodes and outputs")
         self.slot_count = 0
         self.user_slots: list[tuple[int, int]] = []  # (slot, delegate arg index)
-        self.state_slots: list[tuple[int, str]] = []  # (slot, state identity)
+        self.state_slots: list[tuple[int, int]] = []  # (slot, index into the pushed state)
         self.constants: list[tuple[int, torch.Tensor]] = []
-        declared = {s.state for s in context.signature.states}
+        self.num_states = len(context.states)
+        num_user = len(context.signature.inputs)
         for spec in document["inputs"]:
             kind = spec.get("kind") if isinstance(spec, dict) else None
             if kind == "user":
-                self.user_slots.append((self.slot_count, int(spec["index"])))
+                index = _index(spec["index"], num_user, "user input")
+                self.user_slots.append((self.slot_count, index))
             elif kind == "state":
-                state = str(spec["state"])
-                if state not in declared:
-                    raise BlobFormatError(f"reference graph binds state '{state}' its signature does not declare")
-                self.state_slots.append((self.slot_count, state))
+                self.state_slots.append((self.slot_count, _index(spec["index"], self.num_states, "state")))
             elif kind == "constant":
                 tensor = context.named_data.get_tensor(
                     str(spec["key"]), getattr(torch, str(spec["dtype"])), tuple(int(d) for d in spec["shape"])
@@ -80,12 +77,13 @@ class _Program:
         self.outputs = self._decode(document["outputs"])
         self.num_inputs = len(self.user_slots)
         self.num_outputs = len(self.outputs)
-        self.state_updates: list[tuple[str, Any]] = [
-            (str(u["state"]), self._decode(u["value"])) for u in document.get("state_updates", [])
+        self.state_updates: list[tuple[int, Any]] = [
+            (_index(u["index"], self.num_states, "state update"), self._decode(u["value"]))
+            for u in document.get("state_updates", [])
         ]
         self.in_place = self._plan_in_place_updates()
 
-    def _plan_in_place_updates(self) -> set[str]:
+    def _plan_in_place_updates(self) -> set[int]:
         """Turn functional cache writes back into in-place updates of the session storage.
 
         ``index_put(state, idx, v)`` (or ``index_copy``) whose result is the
@@ -94,7 +92,7 @@ class _Program:
         """
         first_call_slot = self.slot_count - len(self.calls)
         state_slot = {state: slot for slot, state in self.state_slots}
-        in_place: set[str] = set()
+        in_place: set[int] = set()
         for state, value in self.state_updates:
             if not isinstance(value, _Ref) or value.slot < first_call_slot:
                 continue
@@ -133,6 +131,12 @@ class _Program:
         if isinstance(value, float) and not math.isfinite(value):
             return value
         return value
+
+
+def _index(raw: Any, count: int, what: str) -> int:
+    if isinstance(raw, bool) or not isinstance(raw, int) or not 0 <= raw < count:
+        raise BlobFormatError(f"reference graph names {what} {raw!r}; the delegate binds {count}")
+    return raw
 
 
 class _Ref:
@@ -205,10 +209,10 @@ class ReferenceHandle:
         self._state_slots = tuple(program.state_slots)
         # updates not done in place by the calls themselves: copied after the call
         self._copy_updates = tuple(
-            (state, _argument_getter(value)) for state, value in program.state_updates if state not in program.in_place
+            (index, _argument_getter(value)) for index, value in program.state_updates if index not in program.in_place
         )
 
-    def execute(self, args: tuple[Any, ...]) -> None:
+    def execute(self, args: tuple[Any, ...], state: tuple[torch.Tensor, ...]) -> None:
         if len(args) != self._num_args:
             raise ValueError(
                 f"reference delegate expects {self._num_inputs} input(s) and "
@@ -217,10 +221,8 @@ class ReferenceHandle:
         slots = self._slots
         for slot, index in self._program.user_slots:
             slots[slot] = args[index]
-        if self._state_slots:
-            session = current_session()
-            for slot, state in self._state_slots:
-                slots[slot] = session.tensor(state)
+        for slot, index in self._state_slots:
+            slots[slot] = state[index]
         # Runtime tensors never require grad, so no autograd state is recorded here.
         for call in self._calls:
             if call.kwargs:
@@ -230,10 +232,8 @@ class ReferenceHandle:
                 slots[call.slot] = call.op(*[get(slots) for get in call.args])
         for out, get in zip(args[self._num_inputs :], self._outputs):
             out.copy_(get(slots))
-        if self._copy_updates:
-            session = current_session()
-            for state, get in self._copy_updates:
-                session.tensor(state).copy_(get(slots))
+        for index, get in self._copy_updates:
+            state[index].copy_(get(slots))
         for slot, _ in self._program.user_slots:
             slots[slot] = None  # never hold runtime memory past the call
         for slot, _ in self._state_slots:

@@ -1,0 +1,92 @@
+"""The public API for writing an etsdk backend: everything a plugin receives and returns.
+
+A backend is three factories in an :class:`BackendSpec` (registered by the
+plugin's ``etsdk_register_backends`` hook, see :mod:`etsdk.hookspec`):
+
+**Partitioner** ``partitioner(**options) -> Partitioner``
+    Usually an :class:`OperatorPartitioner` naming the operators the backend
+    computes. Options are declared with :class:`Option` and checked by the core
+    (backend and method named on a mistake). The core wraps every partitioner:
+    it tags declared state into the delegate that uses it, checks the backend id
+    of every tag, and keeps operators whole for every backend of a method.
+
+**Preprocess** ``preprocess(partition: Partition) -> bytes | BlobWriter``
+    Compile one partition. :class:`Partition` gives the partition's graph, its
+    :class:`DelegateSignature` (engine inputs / outputs in binding order, state
+    bindings, claimed operators), its constants (never state), the state
+    updates, and a :class:`NamedDataWriter` for weights. Return only the
+    payload: the core wraps it with the delegate's uid and records the signature
+    and the payload's SHA-256 in the program.
+
+**Runtime** ``runtime() -> RuntimeBinding``
+    ``binding.init(context: InitContext) -> handle`` once per delegate per
+    method load (``context.blob`` is the payload, ``context.named_data`` the
+    weights, ``context.states`` the state bindings); then per call
+    ``handle.execute(args, state)``: ``args`` are the delegate's inputs then
+    outputs (tensors sharing the runtime's memory: write outputs in place),
+    ``state`` the calling session's storage for each state binding, in order
+    (update it in place). ``handle.destroy()`` (optional) when the method is
+    freed.
+
+Payloads should use the etsdk container (:class:`BlobWriter` /
+:class:`BlobReader`) so a reader that lacks a required feature refuses the blob.
+Check a backend with the conformance kit: ``etsdk conformance BACKEND_ID`` (or
+``pytest --etsdk-backend BACKEND_ID``); start one with ``etsdk new-backend``.
+
+Importing this module is cheap; :class:`OperatorPartitioner` and
+:func:`aten_name` import torch and executorch on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from etsdk.blob import BlobReader, BlobWriter
+from etsdk.bridge import DelegateHandle, InitContext, NamedData, RuntimeBinding, readonly_tensor
+from etsdk.bridge.build import cache_dir
+from etsdk.dtypes import dtype_name, torch_dtype
+from etsdk.partition import Constant, NamedDataWriter, Partition, StateUpdate
+from etsdk.registration import Availability, BackendSpec, Capability, Option
+from etsdk.signature import ArgSpec, DelegateSignature, StateBinding
+
+if TYPE_CHECKING:
+    from etsdk.partitioning import OperatorPartitioner, aten_name
+
+__all__ = [
+    "ArgSpec",
+    "Availability",
+    "BackendSpec",
+    "BlobReader",
+    "BlobWriter",
+    "Capability",
+    "Constant",
+    "DelegateHandle",
+    "DelegateSignature",
+    "InitContext",
+    "NamedData",
+    "NamedDataWriter",
+    "OperatorPartitioner",
+    "Option",
+    "Partition",
+    "RuntimeBinding",
+    "StateBinding",
+    "StateUpdate",
+    "aten_name",
+    "cache_dir",
+    "dtype_name",
+    "readonly_tensor",
+    "torch_dtype",
+]
+
+_LAZY = {"OperatorPartitioner": "etsdk.partitioning", "aten_name": "etsdk.partitioning"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'etsdk.backend' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
