@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from etsdk import Availability
+from etsdk.backend import Availability
 
 from etsdk_tensorrt import device
 

@@ -153,7 +153,7 @@ def build(
 
 
 def cache_root() -> Path:
-    from etsdk.bridge.build import cache_dir
+    from etsdk.backend import cache_dir
 
     return cache_dir() / "tensorrt"
 

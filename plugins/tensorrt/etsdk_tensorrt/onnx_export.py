@@ -38,6 +38,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 
 from etsdk_tensorrt import BACKEND_ID
 from etsdk_tensorrt.blob_format import Alias, StateTensor, TensorSpec
+from etsdk_tensorrt.partitioner import overload
 
 OPSET = 24
 _KV_OP_NAME = "etsdk_tensorrt::kv_cache_update"
@@ -115,11 +116,36 @@ def _tensor_scatter_translation() -> Any:
 # ----------------------------------------------------------------------------- lifting
 
 
+#: Edge lowering's copying view variants -> the views torch's ONNX exporter translates (same values: the
+#: partition's graph is functional, nothing writes through a view).
+_VIEW_OF_COPY = {
+    "slice_copy": "slice",
+    "permute_copy": "permute",
+    "expand_copy": "expand",
+    "unsqueeze_copy": "unsqueeze",
+    "squeeze_copy": "squeeze",
+    "select_copy": "select",
+    "t_copy": "t",
+    "transpose_copy": "transpose",
+    "alias_copy": "alias",
+    "split_with_sizes_copy": "split_with_sizes",
+    "split_copy": "split",
+    "unbind_copy": "unbind",
+    "detach_copy": "detach",
+}
+
+
 def _aten(node: torch.fx.Node) -> None:
     """Edge-dialect call -> the ATen call torch's ONNX exporter knows."""
-    target = getattr(node.target, "_op", node.target)
+    target = overload(node.target)
     name = target.name() if isinstance(target, torch._ops.OpOverload) else ""
-    if name == "dim_order_ops::_to_dim_order_copy":
+    packet = name.removeprefix("aten::").split(".")[0]
+    if name == "aten::view_copy":  # a view would need the input's strides to allow it; reshape never does
+        node.target = torch.ops.aten.reshape.default
+    elif name.startswith("aten::") and packet in _VIEW_OF_COPY:
+        view = getattr(torch.ops.aten, _VIEW_OF_COPY[packet])
+        node.target = getattr(view, target._overloadname)
+    elif name == "dim_order_ops::_to_dim_order_copy":
         kwargs = {k: v for k, v in node.kwargs.items() if k != "dim_order"}
         _check_contiguous_order(node)
         node.target, node.kwargs = torch.ops.aten._to_copy.default, kwargs
@@ -146,12 +172,12 @@ def _contiguous_start(graph: torch.fx.Graph, index: Any, length: int) -> torch.f
     """The node holding ``start`` when ``index`` is provably ``arange(length) + start``, else None."""
     if not isinstance(index, torch.fx.Node) or index.op != "call_function":
         return None
-    target = getattr(index.target, "_op", index.target)
+    target = overload(index.target)
 
     def arange_from(node: Any) -> int | None:  # start of an arange(a, a + length, 1), else None
         if not isinstance(node, torch.fx.Node) or node.op != "call_function":
             return None
-        t = getattr(node.target, "_op", node.target)
+        t = overload(node.target)
         if t is torch.ops.aten.arange.default and node.args == (length,):
             return 0
         if t is torch.ops.aten.arange.start_step:
@@ -185,7 +211,7 @@ def _as_tensor_scatter(graph: torch.fx.Graph, write: Any, placeholder: torch.fx.
     """Rewrite ``write`` (a state's new value) as ``kv_cache_update`` when the pattern allows; True if done."""
     if not isinstance(write, torch.fx.Node) or write.op != "call_function" or set(placeholder.users) != {write}:
         return False
-    target = getattr(write.target, "_op", write.target)
+    target = overload(write.target)
     if target is torch.ops.aten.index_put.default:
         cache, indices, update = write.args[:3]
         accumulate = write.args[3] if len(write.args) > 3 else write.kwargs.get("accumulate", False)

@@ -29,9 +29,9 @@ from etsdk_tensorrt import BACKEND_ID
 
 #: Compile spec carrying :class:`BuildOptions` as JSON.
 OPTIONS_SPEC = "tensorrt.options"
-#: Compile spec naming the ``.ptd`` (without extension) the engine and ONNX weights go to (plugin API 1).
-EXTERNAL_DATA_SPEC = "external_data"
 
+#: ``device`` when none is given (a module constant so a test harness can run the stand-in from the CLI).
+DEFAULT_DEVICE = "cuda"
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 BUILD_WHEN = ("auto", "export", "load")
 
@@ -80,7 +80,9 @@ class BuildOptions:
             raise ExportError(
                 f"backend '{BACKEND_ID}' has no option(s) {', '.join(unknown)} (options: {', '.join(sorted(known))})"
             )
-        return cls(**dict(options))
+        given = dict(options)
+        given.setdefault("device", DEFAULT_DEVICE)
+        return cls(**given)
 
     @classmethod
     def from_compile_specs(cls, specs: Mapping[str, bytes]) -> BuildOptions:

@@ -21,14 +21,14 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from executorch.exir.backend.compile_spec_schema import CompileSpec
-from executorch.exir.backend.partitioner import DelegationSpec, Partitioner, PartitionResult
+from etsdk.backend import OperatorPartitioner
+from executorch.exir.backend.partitioner import DelegationSpec, PartitionResult
 from executorch.exir.backend.utils import get_non_lowered_nodes, tag_constant_data
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from etsdk_tensorrt import BACKEND_ID
-from etsdk_tensorrt.options import EXTERNAL_DATA_SPEC, OPTIONS_SPEC, BuildOptions
+from etsdk_tensorrt.options import OPTIONS_SPEC, BuildOptions
 
 logger = logging.getLogger(__name__)
 
@@ -107,9 +107,16 @@ OPERATORS: Mapping[str, str] = {
 _UNSUPPORTED_DTYPES = {torch.float64, torch.complex64, torch.complex128}
 
 
+def overload(target: Any) -> Any:
+    """The ATen ``OpOverload`` behind an edge-dialect operator (or the target itself)."""
+    if isinstance(target, torch._ops.OpOverload):
+        return target
+    return getattr(target, "_op", target)  # EdgeOpOverload keeps its ATen overload in _op
+
+
 def operator_name(target: Any) -> str | None:
     """``aten::add.Tensor`` for an ATen / dim-order (edge) operator overload, else None."""
-    op = getattr(target, "_op", target)
+    op = overload(target)
     if isinstance(op, torch._ops.OpOverload) and op.namespace in ("aten", "dim_order_ops"):
         return str(op.name())
     return None
@@ -127,54 +134,50 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return []
 
 
-class _Supported(OperatorSupportBase):
-    def __init__(self, candidates: set[torch.fx.Node]) -> None:
-        self.candidates = candidates
+def supported(node: torch.fx.Node) -> bool:
+    """Beyond the operator table: no float64 / complex tensors, no accumulating ``index_put``."""
+    name = operator_name(node.target) or ""
+    if name.startswith("aten::index_put") and (len(node.args) > 3 and node.args[3] or node.kwargs.get("accumulate")):
+        return False
+    values = _tensors(node.meta.get("val"))
+    for arg in node.all_input_nodes:
+        values += _tensors(arg.meta.get("val"))
+    return not any(t.dtype in _UNSUPPORTED_DTYPES for t in values)
+
+
+class _Claimable(OperatorSupportBase):
+    def __init__(self, candidates: set[torch.fx.Node], accept: Any) -> None:
+        self.candidates, self.accept = candidates, accept
 
     def is_node_supported(self, submodules: Any, node: torch.fx.Node) -> bool:
         if node.op != "call_function" or node not in self.candidates:
             return False
-        if node.target is operator.getitem:
-            return True
-        name = operator_name(node.target)
-        if name is None or not claims(name):
-            return False
-        if name.startswith("aten::index_put") and (len(node.args) > 3 and node.args[3] or node.kwargs.get("accumulate")):
-            return False
-        values = _tensors(node.meta.get("val"))
-        for arg in node.all_input_nodes:
-            values += _tensors(arg.meta.get("val"))
-        return not any(t.dtype in _UNSUPPORTED_DTYPES for t in values)
+        return node.target is operator.getitem or bool(self.accept(node))
 
 
-class TensorRTPartitioner(Partitioner):
+class TensorRTPartitioner(OperatorPartitioner):
     """Tags the largest convex group of supported operators of a method for TensorRT.
 
     Options: see :mod:`etsdk_tensorrt.options` (``device``, ``precision``, ``build``,
-    ``keep_onnx``, ``workspace_mib``, ``optimization_level``, ``progress``), and
-    ``external_data`` (plugin API 1): the ``.ptd`` the engine and ONNX weights go to.
+    ``keep_onnx``, ``workspace_mib``, ``optimization_level``, ``progress``).
     """
 
-    def __init__(self, external_data: str | None = None, **options: Any) -> None:
+    def __init__(self, **options: Any) -> None:
         self.options = BuildOptions.from_options(options)
-        specs = [CompileSpec(OPTIONS_SPEC, self.options.to_bytes())]
-        if external_data:
-            specs.append(CompileSpec(EXTERNAL_DATA_SPEC, external_data.encode()))
-        self.delegation_spec = DelegationSpec(BACKEND_ID, specs)
-
-    @property
-    def state_device(self) -> str:
-        """Where caller-owned state must live for this partition (the core sizes sessions there)."""
-        return self.options.state_device
+        super().__init__(
+            BACKEND_ID,
+            ops=OPERATORS,
+            supports=supported,
+            compile_specs={OPTIONS_SPEC: self.options.to_bytes()},
+            state_device=self.options.state_device,
+        )
 
     def partition(self, exported_program: torch.export.ExportedProgram) -> PartitionResult:
         candidates = set(get_non_lowered_nodes(exported_program.graph))
         proposer = CapabilityBasedPartitioner(
-            exported_program.graph_module, _Supported(candidates), allows_single_node_partition=True
+            exported_program.graph_module, _Claimable(candidates, self.is_supported), allows_single_node_partition=True
         )
-        groups = [
-            p for p in proposer.propose_partitions() if any(n.target is not operator.getitem for n in p.nodes)
-        ]
+        groups = [p for p in proposer.propose_partitions() if any(n.target is not operator.getitem for n in p.nodes)]
         tags: dict[str, DelegationSpec] = {}
         if groups:
             chosen = max(groups, key=lambda p: sum(n.target is not operator.getitem for n in p.nodes))
@@ -183,7 +186,7 @@ class TensorRTPartitioner(Partitioner):
                     "%s: %d groups of supported operators; the largest (%d nodes) becomes the engine",
                     BACKEND_ID, len(groups), len(chosen.nodes),
                 )
-            tag = f"{BACKEND_ID}_0"
+            tag = f"{BACKEND_ID}_{chosen.id}"
             for node in chosen.nodes:
                 node.meta["delegation_tag"] = tag
             tags[tag] = self.delegation_spec

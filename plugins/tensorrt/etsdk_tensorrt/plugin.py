@@ -1,19 +1,32 @@
 """Registration of etsdk-tensorrt (imports neither torch nor tensorrt).
 
 The factories import the partitioner, serializer and runtime binding only when
-the backend is used; the probe says whether engines can run here, and why not.
+the backend is used; the probe says whether engines can *run* here and, if not,
+what is missing (export does not need it: without TensorRT the engine is built
+on first load on the target).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from etsdk import Availability, BackendSpec, Capability, hookimpl
+from etsdk import hookimpl
+from etsdk.backend import Availability, BackendSpec, Capability, Option
 
 from etsdk_tensorrt import BACKEND_ID
 
-ETSDK_PLUGIN_API = ">=1,<2"
+ETSDK_PLUGIN_API = ">=2,<3"
 VERSION = "0.1.0"
+
+OPTIONS = (
+    Option("device", str, "cuda", "where the engine runs and caller-owned state lives: cuda, or cpu for host-located engines"),
+    Option("precision", str, "fp32", "builder precision (TF32 off for fp32)", choices=("fp32", "tf32", "fp16", "bf16")),
+    Option("build", str, "auto", "build the engine at export, or on first load on the target", choices=("auto", "export", "load")),
+    Option("keep_onnx", bool, True, "keep the ONNX beside a built engine so another TensorRT / GPU can rebuild it"),
+    Option("workspace_mib", int, None, "the builder's workspace pool limit in MiB"),
+    Option("optimization_level", int, None, "the builder optimisation level, 0 to 5"),
+    Option("progress", bool, True, "show engine-build progress on stderr"),
+)
 
 
 def _partitioner(**options: Any) -> Any:
@@ -22,16 +35,16 @@ def _partitioner(**options: Any) -> Any:
     return TensorRTPartitioner(**options)
 
 
-def _preprocess(edge_program: Any, compile_specs: Any) -> Any:
+def _preprocess(partition: Any) -> Any:
     from etsdk_tensorrt.serializer import preprocess
 
-    return preprocess(edge_program, compile_specs)
+    return preprocess(partition)
 
 
 def _runtime() -> Any:
-    from etsdk_tensorrt.runtime import TensorRTBindingV1
+    from etsdk_tensorrt.runtime import TensorRTBinding
 
-    return TensorRTBindingV1()
+    return TensorRTBinding()
 
 
 def _probe() -> Availability:
@@ -52,5 +65,6 @@ def etsdk_register_backends() -> list[BackendSpec]:
             capabilities=frozenset({Capability.CUDA, Capability.CALLER_OWNED_STATE, Capability.NAMED_DATA}),
             probe=_probe,
             description="TensorRT engines built from the partition's ONNX, caller-owned state bound in place",
+            options=OPTIONS,
         )
     ]

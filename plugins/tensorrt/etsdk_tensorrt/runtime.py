@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from etsdk import BlobFormatError, ProgramError
+from etsdk.backend import dtype_name
 
 from etsdk_tensorrt import blob_format, device, engine
 from etsdk_tensorrt.options import BuildOptions
@@ -105,8 +106,6 @@ class TensorRTHandle:
             raise EngineMismatchError(
                 f"{self._where}: the delegate binds {len(self._states)} state tensor(s), the session offers {len(state)}"
             )
-        from etsdk.dtypes import dtype_name
-
         for (identity, tensor, _), storage in zip(self._states, state):
             place = "the device" if tensor.on_device else "the host"
             on_device = device.is_device_tensor(storage)
@@ -180,26 +179,6 @@ class TensorRTHandle:
         self._engine = None
 
 
-class _SessionState:
-    """Plugin API 1: ``execute(args)``, with the state read from the core's current session."""
-
-    def __init__(self, handle: TensorRTHandle, identities: Sequence[str]) -> None:
-        self.handle = handle
-        self.identities = tuple(identities)
-
-    def execute(self, args: tuple[Any, ...]) -> None:
-        state: tuple[Any, ...] = ()
-        if self.identities:
-            from etsdk.state import current_session
-
-            session = current_session()
-            state = tuple(session.tensor(identity) for identity in self.identities)
-        self.handle.execute(args, state)
-
-    def destroy(self) -> None:
-        self.handle.destroy()
-
-
 # ----------------------------------------------------------------------------- init
 
 
@@ -218,7 +197,7 @@ def _check_signature(where: str, description: blob_format.BlobDescription, signa
                 raise BlobFormatError(
                     f"{where}: delegate {side} {index} ({d.describe()}) is bound to engine tensor {b.describe()}"
                 )
-    states = [(s.state, s.dtype, tuple(s.shape)) for s in signature.states]
+    states = [(s.state, s.dtype, tuple(s.shape)) for s in signature.states]  # == context.states
     bound_states = [(s.state, s.dtype, s.shape) for s in description.states]
     if states != bound_states:
         raise BlobFormatError(f"{where}: the blob binds state {bound_states}, the delegate declares {states}")
@@ -380,7 +359,7 @@ class TensorRTBinding:
     """Runtime binding of etsdk-tensorrt."""
 
     def init(self, context: Any) -> TensorRTHandle:
-        """Plugin API 2 shape: a handle whose ``execute(args, state)`` takes the state tuple."""
+        """Once per delegate per method load: everything that can fail, fails here."""
         where = f"method '{context.method}', delegate {context.backend_id}"
         description, onnx_graph = blob_format.read(context.blob)
         _check_signature(where, description, context.signature)
@@ -420,15 +399,4 @@ class TensorRTBinding:
         return TensorRTHandle(where, execution, (runtime, found), inputs, outputs, states)
 
 
-class TensorRTBindingV1:
-    """Plugin API 1: ``init(context)`` returns a handle whose ``execute(args)`` reads the current session."""
-
-    def __init__(self) -> None:
-        self._binding = TensorRTBinding()
-
-    def init(self, context: Any) -> _SessionState:
-        handle = self._binding.init(context)
-        return _SessionState(handle, [s.state for s in context.signature.states])
-
-
-__all__ = ["EngineMismatchError", "TensorRTBinding", "TensorRTBindingV1", "TensorRTHandle", "cross_check"]
+__all__ = ["EngineMismatchError", "TensorRTBinding", "TensorRTHandle", "cross_check"]

@@ -2,7 +2,7 @@
 
 :func:`serialize` is the whole export side and takes plain inputs (the
 partition's edge ExportedProgram, its delegate signature, the compile specs and
-a named-data sink); :func:`preprocess` adapts it to plugin API 1.
+a named-data sink); :func:`preprocess` is the plugin API's entry point.
 
 * The ONNX graph goes into the blob; its weights (an external-data file) and
   the serialized engine go to named data, streamed from files, so neither is
@@ -16,24 +16,24 @@ a named-data sink); :func:`preprocess` adapts it to plugin API 1.
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import tempfile
-import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
 from etsdk import ExportError
 
-from etsdk_tensorrt import BACKEND_ID, blob_format, device, engine, onnx_export
-from etsdk_tensorrt.options import EXTERNAL_DATA_SPEC, BuildOptions
+from etsdk_tensorrt import blob_format, device, engine, onnx_export
+from etsdk_tensorrt.options import BuildOptions
 
 _CHUNK = 8 << 20
 
 
 class NamedDataSink(Protocol):
     def add_file(self, path: Path, sha256: str) -> str:
-        """Store the file's bytes as named data; return its key. The file may be removed once written."""
+        """Store the file's bytes as named data and return its key; the sink owns the file from here on."""
         ...
 
 
@@ -61,16 +61,8 @@ def serialize(program: Any, signature: Any, specs: Mapping[str, bytes], named: N
     try:
         partition = onnx_export.export(program, signature, workdir)
         graph = partition.model_path.read_bytes()
-        weights = None
-        if partition.weights_path is not None:
-            digest = sha256_file(partition.weights_path)
-            key = named.add_file(partition.weights_path, digest)
-            weights = blob_format.NamedBytes(key, partition.weights_path.stat().st_size, digest)
-        onnx_record = blob_format.OnnxRecord(
-            onnx_export.OPSET, hashlib.sha256(graph).hexdigest(), weights, partition.weights_location
-        )
         engine_record = None
-        if build_at_export(options):
+        if build_at_export(options):  # before the weights move to named data: the parser reads them beside the graph
             trt = engine.import_tensorrt()
             shapes = {t.name: t.shape for t in partition.inputs} | {s.input: s.shape for s in partition.states}
             serialized = engine.build(trt, partition.model_path, options, shapes, say=say, error=ExportError)
@@ -78,12 +70,19 @@ def serialize(program: Any, signature: Any, specs: Mapping[str, bytes], named: N
             with plan.open("wb") as f:
                 f.write(serialized)
             del serialized
-            digest = sha256_file(plan)
-            data = blob_format.NamedBytes(named.add_file(plan, digest), plan.stat().st_size, digest)
+            digest, size = sha256_file(plan), plan.stat().st_size
+            data = blob_format.NamedBytes(named.add_file(plan, digest), size, digest)
             engine_record = blob_format.EngineRecord(
                 data, str(trt.__version__), device.compute_capability(), options.precision
             )
         keep_onnx = engine_record is None or options.keep_onnx
+        weights = None
+        if keep_onnx and partition.weights_path is not None:
+            digest, size = sha256_file(partition.weights_path), partition.weights_path.stat().st_size
+            weights = blob_format.NamedBytes(named.add_file(partition.weights_path, digest), size, digest)
+        onnx_record = blob_format.OnnxRecord(
+            onnx_export.OPSET, hashlib.sha256(graph).hexdigest(), weights, partition.weights_location
+        )
         description = blob_format.BlobDescription(
             device=options.state_device,
             inputs=partition.inputs,
@@ -101,59 +100,22 @@ def serialize(program: Any, signature: Any, specs: Mapping[str, bytes], named: N
         )
         return blob_format.write(description, graph if keep_onnx else None)
     finally:
-        _release(workdir)
-
-
-# ----------------------------------------------------------------------------- plugin API 1
-
-
-_held: dict[Path, int] = {}
-
-
-def _hold(workdir: Path, owner: object) -> None:
-    """Keep ``workdir`` until ``owner`` (named data still to be written) is collected."""
-    _held[workdir] = _held.get(workdir, 0) + 1
-    weakref.finalize(owner, _drop, workdir)
-
-
-def _drop(workdir: Path) -> None:
-    _held[workdir] -= 1
-    if _held[workdir] == 0:
-        del _held[workdir]
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _release(workdir: Path) -> None:
-    if workdir not in _held:
-        shutil.rmtree(workdir, ignore_errors=True)
+class _WriterSink:
+    """Files handed to the core's named data: moved out of the work directory, deleted once the program is written."""
 
-
-class _StoreSink:
-    """Named data through ExecuTorch's NamedDataStore (plugin API 1): files stay until the program is written."""
-
-    def __init__(self, store: Any, external: str | None) -> None:
-        self.store = store
-        self.external = external
+    def __init__(self, writer: Any) -> None:
+        self.writer = writer
 
     def add_file(self, path: Path, sha256: str) -> str:
-        from executorch.exir._serialize._cord import FileBackedData
-
-        key = f"{BACKEND_ID}/{sha256}"
-        data = FileBackedData(str(path), cleanup=False, sha256=bytes.fromhex(sha256))
-        self.store.add_named_data(key, data, alignment=256, external_tag=self.external)
-        _hold(path.parent, data)
-        return key
+        fd, kept = tempfile.mkstemp(prefix="etsdk-tensorrt-", suffix=f"-{path.name}")
+        os.close(fd)
+        os.replace(path, kept)
+        return str(self.writer.add_file(kept, sha256=sha256, cleanup=True, alignment=256))
 
 
-def preprocess(edge_program: Any, compile_specs: list[Any]) -> Any:
-    """Plugin API 1: ``preprocess(edge_program, compile_specs) -> PreprocessResult``."""
-    from etsdk.signature import DelegateSignature
-    from executorch.exir._serialize._named_data_store import NamedDataStore
-    from executorch.exir.backend.backend_details import PreprocessResult
-
-    signature = DelegateSignature.from_edge_program(edge_program, compile_specs)
-    specs = {spec.key: bytes(spec.value) for spec in compile_specs}
-    external = specs.get(EXTERNAL_DATA_SPEC)
-    store = NamedDataStore()
-    payload = serialize(edge_program, signature, specs, _StoreSink(store, external.decode() if external else None))
-    return PreprocessResult(processed_bytes=payload, data_store_output=store.get_named_data_store_output())
+def preprocess(partition: Any) -> bytes:
+    """Plugin API: ``preprocess(partition) -> payload``."""
+    return serialize(partition.program, partition.signature, partition.compile_specs, _WriterSink(partition.named_data))
