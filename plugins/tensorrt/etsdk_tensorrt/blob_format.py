@@ -118,6 +118,9 @@ class BlobDescription:
             features.append(ENGINE_FEATURE)
         if self.onnx is not None:
             features.append(ONNX_FEATURE)
+        unknown = sorted({a.kind for a in self.aliases} - set(ALIAS_FEATURES))
+        if unknown:
+            raise BlobFormatError(f"etsdk-tensorrt blob: alias kind(s) {', '.join(unknown)} are not one of {', '.join(ALIAS_KINDS)}")
         features += sorted({ALIAS_FEATURES[a.kind] for a in self.aliases})
         return features
 

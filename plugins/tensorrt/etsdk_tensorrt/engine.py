@@ -83,7 +83,7 @@ def _progress_monitor(trt: ModuleType, say: Say) -> Any:
     return Monitor()
 
 
-def _set_precision(trt: ModuleType, config: Any, precision: str, error: type[EtsdkError]) -> None:
+def _set_precision(trt: ModuleType, config: Any, precision: str, error: type[EtsdkError], where: str) -> None:
     flags = trt.BuilderFlag
     if precision == "fp32":
         if hasattr(flags, "TF32"):
@@ -96,7 +96,7 @@ def _set_precision(trt: ModuleType, config: Any, precision: str, error: type[Ets
     flag = {"fp16": "FP16", "bf16": "BF16"}[precision]
     if not hasattr(flags, flag):
         raise error(
-            f"TensorRT {trt.__version__} has no BuilderFlag.{flag} (it builds strongly typed networks only): export the "
+            f"{where}: TensorRT {trt.__version__} has no BuilderFlag.{flag} (it builds strongly typed networks only): export the "
             f"model in {'float16' if precision == 'fp16' else 'bfloat16'} instead of asking for precision '{precision}'"
         )
     config.set_flag(getattr(flags, flag))
@@ -110,8 +110,12 @@ def build(
     *,
     say: Say,
     error: type[EtsdkError],
+    where: str = f"backend '{BACKEND_ID}'",
 ) -> Any:
-    """Build a serialized engine (``IHostMemory``) from the ONNX at ``model_path`` (weights beside it)."""
+    """Build a serialized engine (``IHostMemory``) from the ONNX at ``model_path`` (weights beside it).
+
+    Failures raise ``error`` (ExportError at export, ProgramError at load) prefixed with ``where``.
+    """
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
     network = builder.create_network(0)
@@ -119,9 +123,9 @@ def build(
     say(f"parsing {model_path.name} with TensorRT {trt.__version__}")
     if not parser.parse_from_file(str(model_path)):
         problems = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors)) or "no details"
-        raise error(f"TensorRT {trt.__version__}'s ONNX parser refused the partition: {problems}")
+        raise error(f"{where}: TensorRT {trt.__version__}'s ONNX parser refused the partition: {problems}")
     config = builder.create_builder_config()
-    _set_precision(trt, config, options.precision, error)
+    _set_precision(trt, config, options.precision, error, where)
     if options.workspace_mib is not None:
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, options.workspace_mib << 20)
     if options.optimization_level is not None:
@@ -131,7 +135,7 @@ def build(
         tensor = network.get_input(i)
         if any(int(d) < 0 for d in tensor.shape):
             if tensor.name not in shapes:
-                raise error(f"the network input '{tensor.name}' has a dynamic shape and the blob records none for it")
+                raise error(f"{where}: the network input '{tensor.name}' has a dynamic shape and the blob records none for it")
             dynamic.append(tensor.name)
     if dynamic:
         profile = builder.create_optimization_profile()
@@ -144,7 +148,7 @@ def build(
     say(f"building the engine (precision {options.precision})")
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
-        raise error(f"TensorRT {trt.__version__} failed to build the engine (see TensorRT's log above)")
+        raise error(f"{where}: TensorRT {trt.__version__} failed to build the engine (see TensorRT's log above)")
     say(f"engine built: {serialized.nbytes} bytes")
     return serialized
 

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from etsdk import BlobFormatError, ProgramError
+from etsdk import BlobFormatError, ProgramError, UnsupportedFeatureError
 from etsdk.backend import dtype_name
 
 from etsdk_tensorrt import blob_format, device, engine
@@ -287,7 +287,7 @@ def _build_from_onnx(
                     )
                 (Path(tmp) / str(record.weights_location)).write_bytes(weights)
             shapes = {t.name: t.shape for t in description.inputs} | {s.input: s.shape for s in description.states}
-            return engine.build(trt, model, options, shapes, say=say, error=ProgramError)
+            return engine.build(trt, model, options, shapes, say=say, error=ProgramError, where=where)
 
     data, _ = engine.cached(key, produce)
     return data, key
@@ -361,7 +361,12 @@ class TensorRTBinding:
     def init(self, context: Any) -> TensorRTHandle:
         """Once per delegate per method load: everything that can fail, fails here."""
         where = f"method '{context.method}', delegate {context.backend_id}"
-        description, onnx_graph = blob_format.read(context.blob)
+        try:
+            description, onnx_graph = blob_format.read(context.blob)
+        except UnsupportedFeatureError as exc:
+            raise UnsupportedFeatureError(f"{where}: {exc}", feature=exc.feature) from None
+        except BlobFormatError as exc:
+            raise BlobFormatError(f"{where}: {exc}") from None
         _check_signature(where, description, context.signature)
         trt = engine.import_tensorrt()
         data, key = _engine_bytes(where, description, onnx_graph, context.named_data, trt)

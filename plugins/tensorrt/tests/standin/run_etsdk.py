@@ -13,11 +13,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import pytest  # noqa: E402  (its MonkeyPatch)
-import seams  # noqa: E402
+import trt_seams  # noqa: E402
 
 if __name__ == "__main__":
     patch = pytest.MonkeyPatch()
-    seams.install(patch, Path(os.environ["ETSDK_TENSORRT_TEST_CACHE"]), default_device="cpu")
+    trt_seams.install(patch, Path(os.environ["ETSDK_TENSORRT_TEST_CACHE"]), default_device="cpu")
     from etsdk.cli import main
 
     sys.exit(main(sys.argv[1:]))

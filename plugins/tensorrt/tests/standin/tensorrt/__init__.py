@@ -68,7 +68,8 @@ class _StandIn:
 
     compute_capability: str = "8.9"
     location: str = "HOST"  # "HOST" or "DEVICE", for every I/O tensor
-    io_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> {"name"|"dtype"|"shape": ...}
+    #: ONNX tensor name -> what the engine reports instead: {"name", "dtype", "shape", "aliased" (an input or None)}
+    io_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
     builds: int = 0  # engines built (tests count cache hits with it)
     executions: int = 0
 
@@ -452,7 +453,7 @@ class ICudaEngine:
                         dtype=override.get("dtype", info.dtype),
                         shape=tuple(override.get("shape", tuple(info.shape))),
                         location=location,
-                        aliased_input=aliased,
+                        aliased_input=override.get("aliased", aliased),
                     )
                 )
         self._by_name = {io.name: io for io in self._io}
