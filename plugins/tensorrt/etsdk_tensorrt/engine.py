@@ -65,7 +65,7 @@ def _progress_monitor(trt: ModuleType, say: Say) -> Any:
 
     class Monitor(base):  # type: ignore[misc, valid-type]
         def __init__(self) -> None:
-            base.__init__(self)
+            super().__init__()
             self.depth: dict[str, int] = {}
 
         def phase_start(self, phase_name: str, parent_phase: str | None, num_steps: int) -> None:

@@ -102,7 +102,9 @@ def kv_cache_update_op() -> Any:
 
 
 def _tensor_scatter_translation() -> Any:
-    from onnxscript.onnx_opset import opset24 as op
+    from onnxscript.onnx_opset import opset24
+
+    op: Any = opset24
 
     def tensor_scatter(cache: Any, update: Any, start: Any, axis: int) -> Any:
         batch = int(cache.shape[0])
@@ -158,9 +160,10 @@ def _aten(node: torch.fx.Node) -> None:
 
 def _check_contiguous_order(node: torch.fx.Node) -> None:
     order = node.kwargs.get("dim_order")
-    if order is not None and list(order) != list(range(len(order))):
+    order_: Any = order
+    if order_ is not None and list(order_) != list(range(len(order_))):
         raise ExportError(
-            f"backend '{BACKEND_ID}': node '{node.name}' asks for dim order {list(order)}; ONNX tensors are contiguous"
+            f"backend '{BACKEND_ID}': node '{node.name}' asks for dim order {list(order_)}; ONNX tensors are contiguous"
         )
 
 
@@ -212,15 +215,16 @@ def _as_tensor_scatter(graph: torch.fx.Graph, write: Any, placeholder: torch.fx.
     if not isinstance(write, torch.fx.Node) or write.op != "call_function" or set(placeholder.users) != {write}:
         return False
     target = overload(write.target)
+    args: Any = write.args
     if target is torch.ops.aten.index_put.default:
-        cache, indices, update = write.args[:3]
-        accumulate = write.args[3] if len(write.args) > 3 else write.kwargs.get("accumulate", False)
+        cache, indices, update = args[:3]
+        accumulate = args[3] if len(args) > 3 else write.kwargs.get("accumulate", False)
         positions = [i for i, x in enumerate(indices) if x is not None]
         if accumulate or len(positions) != 1 or positions[0] != len(indices) - 1:
             return False
         axis, index = positions[0], indices[positions[0]]
     elif target is torch.ops.aten.index_copy.default:
-        cache, axis, index, update = write.args[:4]
+        cache, axis, index, update = args[:4]
     else:
         return False
     cache_val, update_val = _val(cache), _val(update)
@@ -398,6 +402,8 @@ def export(program: Any, signature: Any, workdir: Path) -> OnnxPartition:
             )
     except Exception as exc:
         raise ExportError(f"backend '{BACKEND_ID}': torch.onnx.export of the partition failed: {type(exc).__name__}: {exc}") from exc
+    if exported is None:
+        raise ExportError(f"backend '{BACKEND_ID}': torch.onnx.export returned no program")
     model_path = workdir / "model.onnx"
     exported.save(model_path, external_data=True)
     del exported
