@@ -42,8 +42,8 @@ _hooks = threading.local()  # lists of (transform, observe) installed by export_
 
 #: ``transform(backend_id, method, payload) -> payload``: applied before the payload is sealed.
 PayloadTransform = Callable[[str, str, bytes], bytes]
-#: ``observe(backend_id, method, signature, payload, named_data_writer)``: called for each sealed delegate.
-DelegateObserver = Callable[[str, str, DelegateSignature, bytes, Any], None]
+#: ``observe(partition, sealed_signature, payload)``: called for each sealed delegate.
+DelegateObserver = Callable[[Any, DelegateSignature, bytes], None]
 
 
 @contextmanager
@@ -273,7 +273,7 @@ def _preprocess(backend_id: str, method: str, edge_program: Any, compile_specs: 
     sealed = signature.sealed(payload)
     context.sealed[sealed.uid] = (backend_id, sealed, input_sources(edge_program))
     for observe in context.observers:
-        observe(backend_id, method, sealed, payload, writer)
+        observe(partition, sealed, payload)
     return PreprocessResult(processed_bytes=wrap_blob(payload, sealed.uid), data_store_output=writer.output())
 
 

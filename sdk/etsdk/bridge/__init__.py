@@ -78,17 +78,19 @@ class NamedData:
 
     def get_tensor(self, key: str, dtype: Any, shape: tuple[int, ...]) -> Any:
         """A read-only torch tensor over ``key`` without a copy; size is checked."""
-        import torch
+        return tensor_over(key, self.get(key), dtype, shape)
 
-        buf = self.get(key)
-        expected = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
-        if buf.nbytes != expected:
-            raise ProgramError(
-                f"named data '{key}': expected {expected} bytes for {dtype} {list(shape)}, found {buf.nbytes}"
-            )
-        if expected == 0:
-            return torch.empty(shape, dtype=dtype)
-        return readonly_tensor(buf, dtype).view(shape)
+
+def tensor_over(key: str, buf: memoryview, dtype: Any, shape: tuple[int, ...]) -> Any:
+    """A read-only tensor of ``dtype`` / ``shape`` over named data ``key``'s buffer, its size checked first."""
+    import torch
+
+    expected = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+    if buf.nbytes != expected:
+        raise ProgramError(f"named data '{key}': expected {expected} bytes for {dtype} {list(shape)}, found {buf.nbytes}")
+    if expected == 0:
+        return torch.empty(shape, dtype=dtype)
+    return readonly_tensor(buf, dtype).view(shape)
 
 
 _readonly_lock = threading.Lock()

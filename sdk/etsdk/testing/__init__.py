@@ -41,6 +41,11 @@ class NamedDataStub:
     def keys(self) -> list[str]:
         return list(self.entries)
 
+    def get_tensor(self, key: str, dtype: object, shape: tuple[int, ...]) -> object:
+        from etsdk.bridge import tensor_over
+
+        return tensor_over(key, memoryview(self.get(key)), dtype, shape)
+
 
 def __getattr__(name: str):  # torch-dependent helpers load lazily
     if name in {"ToyDecoder", "kv_decoder_methods", "kv_decoder_contract"}:

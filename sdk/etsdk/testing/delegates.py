@@ -32,6 +32,7 @@ class CapturedDelegate:
     signature: DelegateSignature
     payload: bytes
     named_data: dict[str, bytes] = field(repr=False)
+    compile_specs: dict[str, bytes] = field(default_factory=dict)
 
 
 def _entries(writer: Any) -> dict[str, bytes]:
@@ -55,8 +56,13 @@ def capture_delegates() -> Iterator[list[CapturedDelegate]]:
 
     captured: list[CapturedDelegate] = []
 
-    def observe(backend_id: str, method: str, signature: DelegateSignature, payload: bytes, writer: Any) -> None:
-        captured.append(CapturedDelegate(backend_id, method, signature, payload, _entries(writer)))
+    def observe(partition: Any, signature: DelegateSignature, payload: bytes) -> None:
+        captured.append(
+            CapturedDelegate(
+                partition.backend_id, partition.method, signature, payload, _entries(partition.named_data),
+                dict(partition.compile_specs),
+            )
+        )
 
     with export_hooks(observe=observe):
         yield captured

@@ -1,0 +1,47 @@
+"""The conformance kit: the behaviour every etsdk backend must show, checked against any installed backend.
+
+* ``etsdk conformance BACKEND_ID [--report PATH] [--option key=value]`` runs it from the command line;
+* ``pytest --etsdk-backend BACKEND_ID`` runs it through pytest (the ``pytest11`` plugin
+  :mod:`etsdk.conformance.pytest_plugin` ships with etsdk);
+* a plugin's own test suite imports :mod:`etsdk.conformance.suite` and overrides the ``etsdk_backend_id``
+  fixture (``etsdk new-backend`` writes that file).
+
+Behaviours: export and run vs eager (a linear model, operators the backend does not claim, a second backend
+in the same method); binding order (same-shaped user outputs, user outputs beside an aliased cache output);
+caller-owned state (updated in place with an unchanged data pointer, repeated calls, fresh load, session
+isolation, one cache shared across methods and backends, the persistence check); refusals (an unknown
+required blob feature, bad inputs before execution, damaged payloads never crash the process).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["run"]
+
+
+def run(
+    backend_ids: Sequence[str], *, options: Mapping[str, Any] | None = None, report: str | Path | None = None,
+    extra_args: Sequence[str] = (),
+) -> int:
+    """Run the kit in this process through pytest; returns pytest's exit code."""
+    import json
+
+    import pytest
+
+    from etsdk.conformance.pytest_plugin import SUITE
+
+    from importlib import metadata
+
+    args = [str(SUITE), "-q", "-p", "no:cacheprovider"]
+    if not any(ep.value == "etsdk.conformance.pytest_plugin" for ep in metadata.entry_points(group="pytest11")):
+        args += ["-p", "etsdk.conformance.pytest_plugin"]  # etsdk used from a source tree, not installed
+    for backend in backend_ids:
+        args += ["--etsdk-backend", backend]
+    for key, value in (options or {}).items():
+        args += ["--etsdk-backend-option", f"{key}={json.dumps(value)}"]
+    if report is not None:
+        args += ["--etsdk-report", str(report)]
+    return int(pytest.main([*args, *extra_args]))

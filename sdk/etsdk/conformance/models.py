@@ -1,0 +1,77 @@
+"""The conformance kit's models: small, deterministic, each aimed at one behaviour."""
+
+from __future__ import annotations
+
+import torch
+
+D = 8  # width of the pair model
+S = 6  # rows of its cache
+
+
+class Mlp(torch.nn.Module):
+    """Linear layers and activations: what almost every backend claims."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        generator = torch.Generator().manual_seed(11)
+        self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class WithUnclaimed(torch.nn.Module):
+    """Linear layers around operators a backend may well not claim (cumulative sum, sort)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        generator = torch.Generator().manual_seed(12)
+        self.first = torch.nn.Linear(8, 8)
+        self.second = torch.nn.Linear(8, 4)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.first(x))
+        h = torch.cumsum(h, dim=-1)
+        h = torch.sort(h, dim=-1).values
+        return self.second(h)
+
+
+class TwoOutputs(torch.nn.Module):
+    """Two outputs of one shape and dtype with different values: a swapped binding shows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        generator = torch.Generator().manual_seed(13)
+        self.a = torch.nn.Linear(D, D)
+        self.b = torch.nn.Linear(D, D)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=generator))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.a(x), self.b(x) * 3.0
+
+
+class CachePair(torch.nn.Module):
+    """A cache update (an aliased, caller-owned output) beside two user outputs (contract etsdk_kit_pair v1)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        generator = torch.Generator().manual_seed(14)
+        self.a = torch.nn.Linear(D, D)
+        self.b = torch.nn.Linear(D, D)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=generator))
+        self.register_buffer("k", torch.zeros(S, D))
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.k.index_copy_(0, positions, x)
+        memory = self.k.sum(0, keepdim=True)
+        return self.a(x) + memory, self.b(x) * 3.0

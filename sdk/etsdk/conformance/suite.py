@@ -1,0 +1,357 @@
+"""The conformance kit: the behaviour every etsdk backend must show, run against any installed backend.
+
+Run it with ``etsdk conformance BACKEND_ID`` or ``pytest --etsdk-backend BACKEND_ID``; in a plugin's own test
+suite, import this module's tests and name the backend::
+
+    # tests/test_conformance.py
+    import pytest
+    from etsdk.conformance.suite import *  # noqa: F401,F403 - the kit's tests
+
+    @pytest.fixture(scope="session")
+    def etsdk_backend_id() -> str:
+        return "MyBackend"
+
+Each test's first docstring line names the behaviour; a failure message starts with it. Behaviours that need
+a capability the backend does not declare (``Capability.CALLER_OWNED_STATE``) are skipped with that reason.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import etsdk
+from etsdk.conformance.kit import PREFILL, REFERENCE, Kit
+from etsdk.registration import Capability
+
+__all__ = [
+    "kit",
+    "test_aliased_output_beside_user_outputs",
+    "test_bad_inputs_refused_before_execution",
+    "test_exports_and_runs_like_eager",
+    "test_fresh_load_starts_from_initial_state",
+    "test_mutated_payloads_never_crash",
+    "test_persistence_check",
+    "test_repeated_calls_accumulate_state",
+    "test_second_backend_in_the_same_method",
+    "test_sessions_are_isolated",
+    "test_state_shared_across_methods_and_backends",
+    "test_state_updated_in_place",
+    "test_unclaimed_operators_run_beside_the_backend",
+    "test_unknown_required_feature_refused",
+    "test_user_outputs_land_in_their_slots",
+]
+
+TOLERANCE = {"atol": 1e-4, "rtol": 1e-4}
+STEPS = [3, 9, 1, 7, 4]
+
+
+@pytest.fixture(scope="session")
+def kit(etsdk_backend_id: str, etsdk_backend_options: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Kit:
+    try:
+        etsdk.get_backend(etsdk_backend_id)
+    except etsdk.EtsdkError as exc:
+        pytest.fail(f"backend under test: {exc}")
+    made = Kit(etsdk_backend_id, dict(etsdk_backend_options), tmp_path_factory.mktemp(f"kit-{etsdk_backend_id}"))
+    reason = made.unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"backend {etsdk_backend_id} cannot run here: {reason}")
+    return made
+
+
+def _stateful(kit: Kit) -> None:
+    if not kit.has(Capability.CALLER_OWNED_STATE):
+        pytest.skip(f"{kit.backend_id} does not declare Capability.CALLER_OWNED_STATE")
+
+
+def _claims(kit: Kit, program: etsdk.Program, method: str, behaviour: str) -> None:
+    assert kit.backend_id in program.delegates(method), (
+        f"{behaviour}: {kit.backend_id} claimed no operator of the kit's model in method '{method}' "
+        f"(delegates: {list(program.delegates(method))})"
+    )
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, behaviour: str) -> None:
+    try:
+        torch.testing.assert_close(got, want, **TOLERANCE)
+    except AssertionError as exc:
+        raise AssertionError(f"{behaviour}: output differs from eager PyTorch: {exc}") from None
+
+
+# ----------------------------------------------------------------------------- stateless behaviour
+
+
+def test_exports_and_runs_like_eager(kit: Kit) -> None:
+    """export and run vs eager"""
+    from etsdk.conformance.models import Mlp
+
+    model = Mlp().eval()
+    program = etsdk.load(kit.one_method("mlp", model, (torch.randn(3, 8),), (kit.backend_id,)).path)
+    _claims(kit, program, "forward", "export and run vs eager")
+    for seed in range(3):
+        x = torch.randn(3, 8, generator=torch.Generator().manual_seed(seed))
+        _close(program.run("forward", x)[0], model(x), "export and run vs eager")
+
+
+def test_unclaimed_operators_run_beside_the_backend(kit: Kit) -> None:
+    """operators the backend does not claim"""
+    from etsdk.conformance.models import WithUnclaimed
+
+    model = WithUnclaimed().eval()
+    x = torch.randn(2, 8, generator=torch.Generator().manual_seed(1))
+    for name, backends in (("unclaimed-alone", (kit.backend_id,)), ("unclaimed-then-reference", (kit.backend_id, REFERENCE))):
+        program = etsdk.load(kit.one_method(name, model, (x,), backends).path)
+        _claims(kit, program, "forward", "operators the backend does not claim")
+        _close(program.run("forward", x)[0], model(x), f"operators the backend does not claim ({name})")
+
+
+def test_second_backend_in_the_same_method(kit: Kit) -> None:
+    """a second backend in the same method"""
+    from etsdk.conformance.models import Mlp
+
+    model = Mlp().eval()
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(2))
+    orders = {
+        "reference-first": ((REFERENCE, kit.backend_id), ["aten::relu"]),
+        "reference-after": ((kit.backend_id, REFERENCE), None),
+    }
+    if kit.backend_id == REFERENCE:
+        pytest.skip("the backend under test is the reference backend itself")
+    for name, (backends, reference_ops) in orders.items():
+        program = etsdk.load(kit.one_method(f"mlp-{name}", model, (x,), backends, reference_ops).path)
+        _claims(kit, program, "forward", "a second backend in the same method")
+        _close(program.run("forward", x)[0], model(x), f"a second backend in the same method ({name})")
+
+
+def test_user_outputs_land_in_their_slots(kit: Kit) -> None:
+    """binding order: user outputs in their slots"""
+    from etsdk.conformance.models import D, TwoOutputs
+
+    model = TwoOutputs().eval()
+    x = torch.randn(1, D, generator=torch.Generator().manual_seed(3))
+    program = etsdk.load(kit.one_method("two-outputs", model, (x,), (kit.backend_id,)).path)
+    _claims(kit, program, "forward", "binding order")
+    got = program.run("forward", x)
+    want = model(x)
+    for index, (g, w) in enumerate(zip(got, want)):
+        _close(g, w, f"binding order: output {index} is not the model's output {index} (swapped outputs?)")
+
+
+# ----------------------------------------------------------------------------- caller-owned state
+
+
+def _toy_steps(program: etsdk.Program, session: etsdk.Session) -> list[torch.Tensor]:
+    prompt = torch.tensor([[2, 7, 1, 8]])
+    outs = [program.run("prefill", prompt, torch.arange(PREFILL), session=session)[0]]
+    for i, token in enumerate(STEPS):
+        outs.append(program.run("decode", torch.tensor([[token]]), torch.tensor([PREFILL + i]), session=session)[0])
+    return outs
+
+
+def _eager_steps(model: Any) -> list[torch.Tensor]:
+    prompt = torch.tensor([[2, 7, 1, 8]])
+    with torch.no_grad():
+        outs = [model(prompt, torch.arange(PREFILL))]
+        for i, token in enumerate(STEPS):
+            outs.append(model(torch.tensor([[token]]), torch.tensor([PREFILL + i])))
+    return outs
+
+
+def test_state_updated_in_place(kit: Kit) -> None:
+    """in-place caller-owned state: updated with an unchanged data pointer"""
+    _stateful(kit)
+    exported, _ = kit.toy(kit.backend_id, kit.backend_id)
+    program = etsdk.load(exported.path)
+    _claims(kit, program, "decode", "in-place caller-owned state")
+    session = program.new_session()
+    tensors = dict(session.state)
+    pointers = {name: t.data_ptr() for name, t in tensors.items()}
+    program.run("prefill", torch.tensor([[2, 7, 1, 8]]), torch.arange(PREFILL), session=session)
+    program.run("decode", torch.tensor([[5]]), torch.tensor([PREFILL]), session=session)
+    for name, tensor in tensors.items():
+        assert session.state[name] is tensor and tensor.data_ptr() == pointers[name], (
+            f"in-place caller-owned state: state '{name}' was replaced instead of updated in place"
+        )
+        rows = tensor[..., : PREFILL + 1, :]
+        assert bool(rows.abs().sum() > 0), (
+            f"in-place caller-owned state: the session's '{name}' shows no update after prefill and decode "
+            "(did the backend update a copy?)"
+        )
+
+
+def test_repeated_calls_accumulate_state(kit: Kit) -> None:
+    """repeated calls accumulate state: one loaded method, prefill then decode steps"""
+    _stateful(kit)
+    exported, eager = kit.toy(kit.backend_id, kit.backend_id)
+    program = etsdk.load(exported.path)
+    for step, (got, want) in enumerate(zip(_toy_steps(program, program.new_session()), _eager_steps(eager))):
+        _close(got, want, f"repeated calls accumulate state (step {step})")
+
+
+def test_fresh_load_starts_from_initial_state(kit: Kit) -> None:
+    """a fresh load starts from the declared initial state"""
+    _stateful(kit)
+    exported, _ = kit.toy(kit.backend_id, kit.backend_id)
+    first = etsdk.load(exported.path)
+    outs = _toy_steps(first, first.new_session())
+    again = etsdk.load(exported.path)
+    session = again.new_session()
+    assert all(bool((t == 0).all()) for t in session.state.values()), "a fresh load starts from the declared initial state: the state does not start at its initial value"
+    for step, (got, want) in enumerate(zip(_toy_steps(again, session), outs)):
+        _close(got, want, f"a fresh load starts from the declared initial state (step {step})")
+
+
+def test_sessions_are_isolated(kit: Kit) -> None:
+    """session isolation"""
+    _stateful(kit)
+    exported, _ = kit.toy(kit.backend_id, kit.backend_id)
+    program = etsdk.load(exported.path)
+    alone = _toy_steps(program, program.new_session())
+    one, two = program.new_session(), program.new_session()
+    prompt = torch.tensor([[2, 7, 1, 8]])
+    interleaved = {0: [], 1: []}  # type: dict[int, list[torch.Tensor]]
+    for index, session in enumerate((one, two)):
+        interleaved[index].append(program.run("prefill", prompt, torch.arange(PREFILL), session=session)[0])
+    for i, token in enumerate(STEPS):
+        for index, session in enumerate((one, two)):
+            out = program.run("decode", torch.tensor([[token]]), torch.tensor([PREFILL + i]), session=session)[0]
+            interleaved[index].append(out)
+    for index in (0, 1):
+        for step, (got, want) in enumerate(zip(interleaved[index], alone)):
+            _close(got, want, f"session isolation (session {index}, step {step}: another session's state leaked in?)")
+
+
+def test_state_shared_across_methods_and_backends(kit: Kit) -> None:
+    """one cache shared across methods and backends"""
+    _stateful(kit)
+    if kit.backend_id == REFERENCE:
+        pytest.skip("the backend under test is the reference backend itself")
+    for prefill, decode in ((REFERENCE, kit.backend_id), (kit.backend_id, REFERENCE)):
+        exported, eager = kit.toy(prefill, decode)
+        program = etsdk.load(exported.path)
+        outs = _toy_steps(program, program.new_session())
+        for step, (got, want) in enumerate(zip(outs, _eager_steps(eager))):
+            _close(got, want, f"one cache shared across methods and backends (prefill {prefill}, decode {decode}, step {step})")
+
+
+def test_persistence_check(kit: Kit) -> None:
+    """persistence: decode at position 1 on a fresh cache differs from position 0 then 1"""
+    _stateful(kit)
+    exported, _ = kit.toy(kit.backend_id, kit.backend_id)
+    program = etsdk.load(exported.path)
+    fresh = program.run("decode", torch.tensor([[6]]), torch.tensor([1]), session=program.new_session())[0]
+    session = program.new_session()
+    program.run("decode", torch.tensor([[4]]), torch.tensor([0]), session=session)
+    continued = program.run("decode", torch.tensor([[6]]), torch.tensor([1]), session=session)[0]
+    assert torch.isfinite(fresh).all() and torch.isfinite(continued).all(), "persistence: NaN or infinity in the logits"
+    assert not torch.allclose(fresh, continued), (
+        "persistence: decode at position 1 gave the same logits on a fresh cache as after position 0 "
+        "(the cache written by the first call was not read by the second)"
+    )
+
+
+def test_aliased_output_beside_user_outputs(kit: Kit) -> None:
+    """binding order with an aliased output: user outputs beside a cache update"""
+    _stateful(kit)
+    from etsdk.conformance.models import D
+
+    exported, eager = kit.pair()
+    program = etsdk.load(exported.path)
+    _claims(kit, program, "step", "binding order with an aliased output")
+    session = program.new_session()
+    for step in range(3):
+        x = torch.randn(1, D, generator=torch.Generator().manual_seed(20 + step))
+        got = program.run("step", x, torch.tensor([step]), session=session)
+        with torch.no_grad():
+            want = eager(x, torch.tensor([step]))
+        for index, (g, w) in enumerate(zip(got, want)):
+            _close(g, w, f"binding order with an aliased output: user output {index} (step {step})")
+        _close(session.state["k"], eager.k, f"binding order with an aliased output: the cache (step {step})")
+
+
+# ----------------------------------------------------------------------------- refusals
+
+
+def _mlp_delegate(kit: Kit) -> Any:
+    from etsdk.conformance.models import Mlp
+
+    exported = kit.one_method("mlp", Mlp().eval(), (torch.randn(3, 8),), (kit.backend_id,))
+    delegates = exported.of(kit.backend_id)
+    assert delegates, f"{kit.backend_id} claimed no operator of the kit's MLP"
+    return delegates[0]
+
+
+def test_unknown_required_feature_refused(kit: Kit) -> None:
+    """refusal of an unknown required feature: in the backend's own blob"""
+    from etsdk.bridge import InitContext
+    from etsdk.testing import NamedDataStub, with_required_feature
+
+    delegate = _mlp_delegate(kit)
+    try:
+        payload = with_required_feature(delegate.payload, "etsdk.conformance.unknown-feature")
+    except etsdk.BlobFormatError as exc:
+        pytest.fail(f"refusal of an unknown required feature: the payload is not an etsdk blob container ({exc})")
+    named = NamedDataStub({k: memoryview(v) for k, v in delegate.named_data.items()})
+    context = InitContext(kit.backend_id, delegate.method, memoryview(payload), delegate.compile_specs, named, delegate.signature)  # type: ignore[arg-type]
+    try:
+        kit.binding().init(context)
+    except etsdk.EtsdkError as exc:
+        assert "etsdk.conformance.unknown-feature" in str(exc), (
+            f"refusal of an unknown required feature: refused, but without naming the feature: {exc}"
+        )
+        return
+    pytest.fail("refusal of an unknown required feature: init accepted a blob requiring a feature it cannot know")
+
+
+def test_bad_inputs_refused_before_execution(kit: Kit) -> None:
+    """bad inputs: refused before execution"""
+    from etsdk.conformance.models import Mlp
+
+    program = etsdk.load(kit.one_method("mlp", Mlp().eval(), (torch.randn(3, 8),), (kit.backend_id,)).path)
+    bad = {
+        "wrong dtype": (torch.zeros(3, 8, dtype=torch.int64),),
+        "wrong shape": (torch.zeros(4, 8),),
+        "missing input": (),
+        "not a tensor": ("x",),
+    }
+    for what, inputs in bad.items():
+        try:
+            program.run("forward", *inputs)
+        except etsdk.EtsdkError:
+            continue
+        pytest.fail(f"bad inputs: a call with a {what} ran instead of being refused")
+    _close(program.run("forward", torch.ones(3, 8))[0], Mlp().eval()(torch.ones(3, 8)), "bad inputs: the method still works after refusals")
+    if kit.has(Capability.CALLER_OWNED_STATE):
+        exported, _ = kit.toy(kit.backend_id, kit.backend_id)
+        stateful = etsdk.load(exported.path)
+        session = stateful.new_session()
+        try:
+            stateful.run("decode", torch.zeros(1, 1), torch.tensor([0]), session=session)  # float tokens
+            pytest.fail("bad inputs: float tokens were not refused")
+        except etsdk.EtsdkError:
+            pass
+        assert all(bool((t == 0).all()) for t in session.state.values()), "bad inputs: a refused call changed the state"
+
+
+def test_mutated_payloads_never_crash(kit: Kit, tmp_path: Path) -> None:
+    """mutated blobs never crash: damaged payloads handed to the binding"""
+    from etsdk.conformance.mutations import make_cases, run_cases
+
+    delegate = _mlp_delegate(kit)
+    job = {
+        "backend_id": kit.backend_id,
+        "method": delegate.method,
+        "payload": delegate.payload,
+        "named_data": delegate.named_data,
+        "compile_specs": delegate.compile_specs,
+        "signature": delegate.signature.to_json(),
+        "cases": make_cases(len(delegate.payload), seed=7),
+    }
+    outcomes = run_cases(job, tmp_path)
+    bad = [o for o in outcomes if o.result.startswith(("crash", "hung", "not run"))]
+    assert not bad, "mutated blobs never crash: " + "; ".join(
+        f"case {o.index} ({o.case.kind} at byte {o.case.offset}): {o.result}" for o in bad
+    )

@@ -1,0 +1,122 @@
+"""The conformance kit: it passes for the reference backend, and fails for broken backends at the right behaviour.
+
+The kit's own tests run here for the reference backend (``from etsdk.conformance.suite import *``). Three
+deliberately broken backends, each built on the reference backend's parts with one fault, run the kit in a
+subprocess as an installed distribution would: each fails exactly where its fault is, and the report says so.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from etsdk.conformance.suite import *  # noqa: F401,F403 - the kit's tests, for the reference backend
+from etsdk.testing import PluginSite
+
+
+@pytest.fixture(scope="session")
+def etsdk_backend_id() -> str:
+    return "EtsdkReferenceBackend"
+
+
+BROKEN = """
+    import dataclasses
+    from etsdk import BackendSpec, hookimpl
+    from etsdk.backend import BlobReader, BlobWriter, Capability, Option
+    from etsdk.backends.reference.partitioner import ReferencePartitioner
+    from etsdk.backends.reference.runtime import ReferenceBinding
+    from etsdk.backends.reference.serializer import preprocess
+
+    ETSDK_PLUGIN_API = ">=2,<3"
+
+
+    class CopiesState(ReferenceBinding):
+        '''Updates a private copy of the session's state: the caller never sees the update.'''
+
+        def init(self, context):
+            handle = super().init(context)
+            inner = handle.execute
+            handle.execute = lambda args, state: inner(args, tuple(t.clone() for t in state))
+            return handle
+
+
+    class SwapsOutputs(ReferenceBinding):
+        '''Writes its outputs in reverse order (engine order instead of the delegate's).'''
+
+        def init(self, context):
+            handle = super().init(context)
+            inner = handle.execute
+            n = len(context.signature.inputs)
+            handle.execute = lambda args, state: inner(tuple(args[:n]) + tuple(reversed(args[n:])), state)
+            return handle
+
+
+    class IgnoresFeatures(ReferenceBinding):
+        '''Reads blobs whatever features they require.'''
+
+        def init(self, context):
+            required, optional = BlobReader.declared_features(context.blob)
+            reader = BlobReader(context.blob, known_features=required)
+            writer = BlobWriter(required_features=[f for f in required if f.startswith("reference.")], producer="x")
+            for section in reader.sections:
+                writer.add_section(section.name, reader.section(section.name), alignment=section.alignment)
+            return super().init(dataclasses.replace(context, blob=memoryview(writer.to_bytes())))
+
+
+    def spec(backend_id, binding):
+        return BackendSpec(
+            id=backend_id, version="0",
+            partitioner=lambda **options: ReferencePartitioner(backend_id=backend_id, **options),
+            preprocess=preprocess, runtime=binding,
+            capabilities=frozenset({Capability.CPU, Capability.CALLER_OWNED_STATE}),
+            options=(Option("ops", (list, tuple), None),),
+        )
+
+
+    @hookimpl
+    def etsdk_register_backends():
+        return [spec("BrokenCopiesState", CopiesState), spec("BrokenSwapsOutputs", SwapsOutputs),
+                spec("BrokenIgnoresFeatures", IgnoresFeatures)]
+"""
+
+EXPECTED_FAILURES = {
+    "BrokenCopiesState": {
+        "in-place caller-owned state: updated with an unchanged data pointer",
+        "repeated calls accumulate state: one loaded method, prefill then decode steps",
+        "persistence: decode at position 1 on a fresh cache differs from position 0 then 1",
+    },
+    "BrokenSwapsOutputs": {"binding order: user outputs in their slots"},
+    "BrokenIgnoresFeatures": {"refusal of an unknown required feature: in the backend's own blob"},
+}
+
+
+def test_the_kit_fails_each_broken_backend_at_its_fault(tmp_path: Path) -> None:
+    site = PluginSite(tmp_path / "site")
+    site.add("broken-backends", BROKEN, plugin="broken")
+    report = tmp_path / "report.json"
+    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--etsdk-report", str(report),
+            "-k", "not mutated_payloads and not unclaimed"]
+    for backend in EXPECTED_FAILURES:
+        args += ["--etsdk-backend", backend]
+    run = tmp_path / "run"
+    run.mkdir()
+    result = subprocess.run(args, cwd=run, capture_output=True, text=True, env=site.env())
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    results = json.loads(report.read_text())["results"]
+    for backend, expected in EXPECTED_FAILURES.items():
+        mine = [r for r in results if r["backend"] == backend]
+        assert mine, f"no results for {backend}: {result.stdout[-2000:]}"
+        failed = {r["behaviour"] for r in mine if r["outcome"] == "failed"}
+        assert expected <= failed, (backend, failed)
+        for r in mine:
+            if r["outcome"] == "failed":
+                name = r["behaviour"].split(":")[0]
+                assert r["message"].startswith((f"AssertionError: {name}", f"Failed: {name}")), r
+    swaps = {r["behaviour"] for r in results if r["backend"] == "BrokenSwapsOutputs" and r["outcome"] == "failed"}
+    assert "binding order with an aliased output: user outputs beside a cache update" in swaps
+    ignores = {r["behaviour"] for r in results if r["backend"] == "BrokenIgnoresFeatures" and r["outcome"] == "failed"}
+    assert ignores == {"refusal of an unknown required feature: in the backend's own blob"}
+    assert "BrokenCopiesState  failed   in-place caller-owned state" in result.stdout
