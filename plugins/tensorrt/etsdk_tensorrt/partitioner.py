@@ -4,7 +4,8 @@
 of an ATen operator unless an overload is named) and the ONNX operators each
 becomes; the README renders the same table. A node is claimed when its operator
 is in the table, no tensor it produces or reads is float64 or complex (TensorRT
-computes neither) and, for ``index_put``, it does not accumulate.
+computes neither), an ``index_put`` does not accumulate and a ``sort`` spans at
+most 3840 elements (TensorRT's TopK limit).
 
 One delegate per method: the claimed nodes are grouped into convex partitions
 and only the largest becomes a TensorRT engine; the rest stay for later
@@ -79,6 +80,8 @@ OPERATORS: Mapping[str, str] = {
     "aten::mean": "ReduceMean",
     "aten::sum": "ReduceSum",
     "aten::amax": "ReduceMax",
+    "aten::cumsum": "CumSum",
+    "aten::sort": "TopK (sorted dimension up to 3840)",
     "aten::any": "ReduceMax on Cast",
     "aten::_softmax": "Softmax",
     "aten::_log_softmax": "LogSoftmax",
@@ -134,11 +137,20 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return []
 
 
+#: TensorRT's TopK takes k up to 3840: a sort over a longer dimension stays outside.
+MAX_SORT = 3840
+
+
 def supported(node: torch.fx.Node) -> bool:
-    """Beyond the operator table: no float64 / complex tensors, no accumulating ``index_put``."""
+    """Beyond the operator table: no float64 / complex tensors, no accumulating ``index_put``, no long sorts."""
     name = operator_name(node.target) or ""
     if name.startswith("aten::index_put") and (len(node.args) > 3 and node.args[3] or node.kwargs.get("accumulate")):
         return False
+    if name.startswith("aten::sort"):
+        source = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", -1)
+        if source is None or not isinstance(dim, int) or source.dim() == 0 or source.shape[dim] > MAX_SORT:
+            return False
     values = _tensors(node.meta.get("val"))
     for arg in node.all_input_nodes:
         values += _tensors(arg.meta.get("val"))
