@@ -18,17 +18,20 @@ EXPORT_NOTE = "export still works: the engine is then built on first load on the
 
 
 def missing_pieces() -> list[str]:
-    """What this machine lacks to run TensorRT engines (empty when nothing)."""
+    """What this machine lacks to run TensorRT engines, each said the way ``etsdk plugins`` shows it (empty: nothing)."""
     missing = []
     if importlib.util.find_spec("tensorrt") is None:
-        missing.append("the Python package 'tensorrt' (TensorRT 10.x or 11.x: pip install tensorrt)")
+        missing.append(
+            "TensorRT runtime libraries not found (the Python package 'tensorrt', TensorRT 10.15+ or 11.x: "
+            "pip install tensorrt)"
+        )
     if not device.gpu_present():
-        missing.append("a CUDA GPU (no /dev/nvidia* device)")
+        missing.append("no CUDA GPU (no /dev/nvidia* device)")
     return missing
 
 
 def probe() -> Availability:
     missing = missing_pieces()
     if missing:
-        return Availability.unavailable(f"cannot run TensorRT engines here: missing {' and '.join(missing)}; {EXPORT_NOTE}")
+        return Availability.unavailable(f"{'; '.join(missing)}; {EXPORT_NOTE}")
     return Availability.ok()

@@ -32,6 +32,8 @@ from etsdk_tensorrt import BACKEND_ID
 from etsdk_tensorrt.options import BuildOptions
 
 Say = Callable[[str], None]
+#: Part of every cache key: bump when the way engines are built here changes (flags, profiles, parsing).
+BUILDER_VERSION = 1
 
 
 def import_tensorrt() -> ModuleType:

@@ -262,6 +262,7 @@ def _build_from_onnx(
     )
     key = engine.cache_key(
         {
+            "builder": engine.BUILDER_VERSION,
             "graph": record.sha256,
             "weights": record.weights.sha256 if record.weights else None,
             "precision": options.precision,

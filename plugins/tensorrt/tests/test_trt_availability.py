@@ -54,7 +54,7 @@ def test_etsdk_plugins_reports_the_missing_pieces_on_this_machine() -> None:
     entry = _plugin(json.loads(result.stdout))
     assert entry["status"] == "unavailable"
     assert ("'tensorrt'" in entry["reason"]) != has_tensorrt
-    assert ("a CUDA GPU" in entry["reason"]) != has_gpu
+    assert ("no CUDA GPU" in entry["reason"]) != has_gpu
     assert "export still works" in entry["reason"]
 
 
@@ -62,10 +62,10 @@ def test_the_probe_names_each_missing_piece(monkeypatch: pytest.MonkeyPatch) -> 
     assert availability.probe().available  # the stand-in and the device seam: TensorRT on a GPU
     monkeypatch.setattr(device, "gpu_present", lambda: False)
     reason = availability.probe().reason or ""
-    assert "a CUDA GPU" in reason and "'tensorrt'" not in reason
+    assert "no CUDA GPU" in reason and "'tensorrt'" not in reason
     etsdk.reset_registry()
     try:
-        with pytest.raises(etsdk.BackendUnavailableError, match="a CUDA GPU"):
+        with pytest.raises(etsdk.BackendUnavailableError, match="no CUDA GPU"):
             etsdk.get_backend(BACKEND_ID, require_available=True)
     finally:
         monkeypatch.undo()
