@@ -40,6 +40,18 @@ from etsdk_tensorrt import BACKEND_ID
 from etsdk_tensorrt.blob_format import Alias, StateTensor, TensorSpec
 from etsdk_tensorrt.partitioner import overload
 
+__all__ = [
+    "OPSET",
+    "OnnxPartition",
+    "export",
+    "input_name",
+    "kv_cache_update_op",
+    "lift",
+    "output_name",
+    "state_input",
+    "state_output",
+]
+
 OPSET = 24
 _KV_OP_NAME = "etsdk_tensorrt::kv_cache_update"
 
@@ -472,15 +484,3 @@ def _check_tensor_scatter(model: Any, aliases: Sequence[Alias]) -> None:
                 f"the ONNX produces '{alias.output}' with {found}"
             )
 
-
-__all__ = [
-    "OPSET",
-    "OnnxPartition",
-    "export",
-    "input_name",
-    "kv_cache_update_op",
-    "lift",
-    "output_name",
-    "state_input",
-    "state_output",
-]

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from etsdk.backend import OperatorPartitioner
+from etsdk.backend import OperatorPartitioner, aten_name
 from executorch.exir.backend.partitioner import DelegationSpec, PartitionResult
 from executorch.exir.backend.utils import get_non_lowered_nodes, tag_constant_data
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
@@ -117,18 +117,6 @@ def overload(target: Any) -> Any:
     return getattr(target, "_op", target)  # EdgeOpOverload keeps its ATen overload in _op
 
 
-def operator_name(target: Any) -> str | None:
-    """``aten::add.Tensor`` for an ATen / dim-order (edge) operator overload, else None."""
-    op = overload(target)
-    if isinstance(op, torch._ops.OpOverload) and op.namespace in ("aten", "dim_order_ops"):
-        return str(op.name())
-    return None
-
-
-def claims(name: str) -> bool:
-    return name in OPERATORS or name.split(".")[0] in OPERATORS
-
-
 def _tensors(value: Any) -> list[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         return [value]
@@ -143,7 +131,7 @@ MAX_SORT = 3840
 
 def supported(node: torch.fx.Node) -> bool:
     """Beyond the operator table: no float64 / complex tensors, no accumulating ``index_put``, no long sorts."""
-    name = operator_name(node.target) or ""
+    name = aten_name(node.target) or ""
     if name.startswith("aten::index_put") and (len(node.args) > 3 and node.args[3] or node.kwargs.get("accumulate")):
         return False
     if name.startswith("aten::sort"):

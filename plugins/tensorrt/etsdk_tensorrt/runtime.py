@@ -302,7 +302,7 @@ def _deserialize(where: str, trt: Any, data: bytes | memoryview) -> Any:
     return runtime, found
 
 
-def cross_check(where: str, trt: Any, found: Any, description: blob_format.BlobDescription) -> dict[str, bool]:
+def cross_check(where: str, found: Any, description: blob_format.BlobDescription) -> dict[str, bool]:
     """Compare the engine's I/O tensors with the blob, by name; returns name -> lives on the device."""
     expected: dict[str, tuple[str, str, tuple[int, ...]]] = {}
     for t in description.inputs:
@@ -379,7 +379,7 @@ class TensorRTBinding:
             engine.forget(key)  # a damaged cache entry: build once more
             data, key = _engine_bytes(where, description, onnx_graph, context.named_data, trt)
             runtime, found = _deserialize(where, trt, data)
-        located = cross_check(where, trt, found, description)
+        located = cross_check(where, found, description)
         state_device = description.device != "cpu"
         for s in description.states:
             for name in (s.input, s.output):
