@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from etsdk.conformance.suite import *  # noqa: F401,F403 - the kit's tests, for the reference backend
+from etsdk.conformance.suite import *  # noqa: F403 - the kit's tests, for the reference backend
 from etsdk.testing import PluginSite
 
 

@@ -26,6 +26,15 @@ def test_python_examples_run(doc: str, tmp_path: Path) -> None:
         assert result.returncode == 0, result.stderr[-2000:]
 
 
+@pytest.mark.parametrize("doc", ["docs/mixed-delegates.md"])
+def test_every_python_example_of_a_guide_runs(doc: str, tmp_path: Path) -> None:
+    """Guides whose examples build on each other: all blocks, in order, in one process."""
+    blocks = _python_blocks(ROOT / doc)
+    assert len(blocks) >= 2
+    result = subprocess.run([sys.executable, "-c", "\n".join(blocks)], cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
 def test_demo_main_job(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ETSDK_") or k == "ETSDK_CACHE_DIR"}
     result = subprocess.run(
@@ -46,4 +55,25 @@ def test_llm_main_job(tmp_path: Path) -> None:
     assert "matches transformers' eager generate" in result.stdout
     assert "decode" in result.stdout and "tokens/s" in result.stdout
     assert "compiling" in result.stderr  # export progress
+    # quiet: only etsdk's own lines (issue 15), no torchao / torch logging / warnings / progress bars
+    foreign = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith("etsdk")]
+    assert not foreign, "\n".join(foreign[:10])
+    noise = re.compile(r"Warning|^[WEI]\d{4} |Failed to load|it/s\]")
+    assert not [line for line in result.stdout.splitlines() if noise.search(line)], result.stdout
     assert (tmp_path / "tiny-llama.pte").is_file() and (tmp_path / "tiny-llama.tokenizer").is_dir()
+
+
+def test_backend_api_reference_matches_the_docstrings() -> None:
+    """docs/backend-api.md is what the docstrings of etsdk.backend render to (python -m etsdk.apidoc)."""
+    from etsdk.apidoc import render
+
+    assert (ROOT / "docs" / "backend-api.md").read_text() == render(), "regenerate: python -m etsdk.apidoc > docs/backend-api.md"
+
+
+def test_every_public_backend_name_is_documented() -> None:
+    import inspect
+
+    import etsdk.backend
+
+    undocumented = [name for name in etsdk.backend.__all__ if not inspect.getdoc(getattr(etsdk.backend, name))]
+    assert not undocumented

@@ -31,3 +31,50 @@ def test_errors_share_one_root() -> None:
         obj = getattr(etsdk, name)
         if isinstance(obj, type) and issubclass(obj, Exception):
             assert issubclass(obj, etsdk.EtsdkError), name
+
+
+PUBLIC_MODULES = ("etsdk", "etsdk.backend", "etsdk.testing", "etsdk.conformance", "etsdk.conformance.suite")
+
+
+def _plugin_imports() -> list[tuple[str, str, str]]:
+    """(file, module, name) for every ``from etsdk... import name`` / ``import etsdk...`` under plugins/."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "plugins"
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if "/standin/" in str(path):
+            continue  # test stand-ins imitate other libraries, not etsdk
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "etsdk":
+                found += [(str(path.relative_to(root)), node.module, alias.name) for alias in node.names]
+            elif isinstance(node, ast.Import):
+                found += [(str(path.relative_to(root)), alias.name, "") for alias in node.names if alias.name.split(".")[0] == "etsdk"]
+    return found
+
+
+def test_plugins_import_only_public_names() -> None:
+    """Our plugins are written as a third party would write theirs: every etsdk name they use is public."""
+    import importlib
+
+    imports = _plugin_imports()
+    assert imports, "no plugin imports found"
+    private = []
+    for file, module, name in imports:
+        if module not in PUBLIC_MODULES:
+            private.append(f"{file}: {module}" + (f".{name}" if name else ""))
+            continue
+        if name and name != "*" and name not in getattr(importlib.import_module(module), "__all__", ()):
+            private.append(f"{file}: {module}.{name} is not in {module}.__all__")
+    assert not private, "plugins use non-public etsdk names:\n" + "\n".join(private)
+
+
+def test_every_public_name_of_the_backend_api_resolves() -> None:
+    import etsdk.backend
+    import etsdk.testing
+
+    for module in (etsdk.backend, etsdk.testing):
+        for name in module.__all__:
+            assert getattr(module, name) is not None, (module.__name__, name)

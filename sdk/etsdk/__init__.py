@@ -49,13 +49,18 @@ if TYPE_CHECKING:
     from etsdk.bridge import InitContext, NamedData
     from etsdk.lowering import Lowered, MethodSource, lower
     from etsdk.program import Method, MethodInfo, Program, TensorInfo, data_beside, load
-    from etsdk.state import Session, StateError
+    from etsdk.quiet import quiet_command_line
+    from etsdk.snapshot import Snapshot
+    from etsdk.state import Session, StateError, StateView
 
 _LAZY = {
     "InitContext": "etsdk.bridge",
     "NamedData": "etsdk.bridge",
     "Session": "etsdk.state",
     "StateError": "etsdk.state",
+    "StateView": "etsdk.state",
+    "Snapshot": "etsdk.snapshot",
+    "quiet_command_line": "etsdk.quiet",
     "data_beside": "etsdk.program",
     "Lowered": "etsdk.lowering",
     "MethodSource": "etsdk.lowering",
@@ -115,7 +120,9 @@ __all__ = [
     "ProgramError",
     "RunnerSpec",
     "Session",
+    "Snapshot",
     "StateError",
+    "StateView",
     "TensorInfo",
     "UnsupportedFeatureError",
     "__version__",
@@ -133,6 +140,7 @@ __all__ = [
     "list_plugins",
     "load",
     "lower",
+    "quiet_command_line",
     "register_contracts",
     "register_plugin",
     "reset_registry",

@@ -5,6 +5,9 @@
 ``etsdk demo``               export a small model through a backend and run it
 ``etsdk export``             export a model into a contract's programs (the plugin owning the contract does it)
 ``etsdk generate``           generate tokens with a program, through the runner registered for its contract
+``etsdk chat``               chat with a program in the terminal (the tokenizer's chat template; /rewind, /save, ...)
+``etsdk new-backend NAME``   write a complete, pip-installable backend plugin that works at once
+``etsdk conformance ID``     run the conformance kit against an installed backend
 ``etsdk --version``
 """
 
@@ -121,7 +124,17 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         raise EtsdkError(f"{args.program} embeds no contract; etsdk generate needs a program exported for one")
     spec = get_runner(contract.name, contract.version)
     runner = spec.factory(program)
-    prompt_ids = given_ids if given_ids is not None else runner.encode(args.prompt)
+    if args.chat:
+        if args.prompt is None:
+            raise EtsdkError("--chat applies the chat template to --prompt TEXT, not to --prompt-ids")
+        if not hasattr(runner, "chat_prompt_ids"):
+            raise EtsdkError(f"the runner for contract '{contract.name}' has no chat template support")
+        system = [{"role": "system", "content": args.system}] if args.system else []
+        prompt_ids = runner.chat_prompt_ids([*system, {"role": "user", "content": args.prompt}])
+    elif args.system is not None:
+        raise EtsdkError("--system needs --chat")
+    else:
+        prompt_ids = given_ids if given_ids is not None else runner.encode(args.prompt)
     streamed: list[int] = []
     shown = ""
 
@@ -134,7 +147,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             print(text[len(shown):] if text.startswith(shown) else f" {token}", end="", flush=True)
             shown = text
 
-    if not args.json and args.prompt is not None:
+    if not args.json and args.prompt is not None and not args.chat:
         print(args.prompt, end="", flush=True)
     result = runner.generate(prompt_ids, max_new_tokens=args.max_new_tokens, sampling=sampling, on_token=stream)
     if args.json:
@@ -146,6 +159,33 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             f"prefill {result.prefill_ms:.1f} ms; decode {result.decode_tokens_per_s:.1f} tokens/s]"
         )
     return 0
+
+
+def _cmd_new_backend(args: argparse.Namespace) -> int:
+    from etsdk.scaffold import new_backend
+
+    made = new_backend(args.name, args.dir)
+    print(f"wrote {made.directory} (backend id {made.backend_id}):")
+    for path in made.files:
+        print(f"  {path.relative_to(made.directory)}")
+    print(f"next: pip install -e {made.directory} && etsdk plugins && pytest {made.directory / 'tests'}")
+    return 0
+
+
+def _cmd_conformance(args: argparse.Namespace) -> int:
+    from etsdk.conformance import run
+
+    options = {}
+    for raw in args.option:
+        key, sep, value = raw.partition("=")
+        if not sep or not key:
+            raise EtsdkError(f"--option takes key=value, found {raw!r}")
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    code = run(args.backend, options=options, report=args.report, extra_args=["-k", args.k] if args.k else ())
+    return 0 if code == 0 else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -161,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="export a small embedded model through a backend and run it")
     demo.add_argument("--out-dir", default=None, help="where to write the .pte (default: a temporary directory)")
     demo.add_argument("--backend", default="EtsdkReferenceBackend")
+    demo.add_argument("--verbose", action="store_true", help="also show other libraries' warnings and logs")
     demo.set_defaults(func=_cmd_demo)
 
     export = sub.add_parser("export", help="export a model into a contract's programs (.pte, .ptd)")
@@ -174,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--context-length", type=int, default=None, help="cache rows (S)")
     export.add_argument("--external-data", action="store_true", help="weights in a .ptd beside the .pte")
     export.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    export.add_argument("--verbose", action="store_true", help="also show other libraries' warnings and logs")
     export.set_defaults(func=_cmd_export)
 
     generate = sub.add_parser("generate", help="generate with a program through its contract's runner")
@@ -186,12 +228,49 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--top-p", type=float, default=1.0)
     generate.add_argument("--seed", type=int, default=None)
     generate.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    generate.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template to --prompt")
+    generate.add_argument("--system", default=None, help="with --chat: a system message")
+    generate.add_argument("--verbose", action="store_true", help="also show other libraries' warnings and logs")
     generate.set_defaults(func=_cmd_generate)
+
+    chat = sub.add_parser("chat", help="chat with a program (the tokenizer's chat template; /reset, /rewind N, /save, /load)")
+    chat.add_argument("program", help="the .pte")
+    chat.add_argument("--data", default=None, help="its .ptd (default: <stem>.ptd beside the .pte, if there is one)")
+    chat.add_argument("--system", default=None, help="a system message")
+    chat.add_argument("--max-new-tokens", type=int, default=128, help="per reply")
+    chat.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
+    chat.add_argument("--top-p", type=float, default=1.0)
+    chat.add_argument("--seed", type=int, default=None)
+    chat.add_argument("--json", action="store_true", help="one JSON object per reply, command and error")
+    chat.add_argument("--verbose", action="store_true", help="also show other libraries' warnings and logs")
+    chat.set_defaults(func=_cmd_chat)
+
+    scaffold = sub.add_parser("new-backend", help="write a complete backend plugin (etsdk-NAME/) that works at once")
+    scaffold.add_argument("name", help="a lowercase Python identifier, e.g. my_npu (backend id MyNpuBackend)")
+    scaffold.add_argument("--dir", default=".", help="where to create etsdk-NAME/ (default: the current directory)")
+    scaffold.set_defaults(func=_cmd_new_backend)
+
+    conformance = sub.add_parser("conformance", help="run the conformance kit against installed backends")
+    conformance.add_argument("backend", nargs="+", help="backend ids or short names")
+    conformance.add_argument("--option", action="append", default=[], help="partitioner option key=value (JSON value)")
+    conformance.add_argument("--report", default=None, help="write the JSON report here")
+    conformance.add_argument("-k", default=None, help="only behaviours whose test names match (pytest -k)")
+    conformance.set_defaults(func=_cmd_conformance)
     return parser
+
+
+def _cmd_chat(args: argparse.Namespace) -> int:
+    from etsdk.chat import cmd_chat
+
+    return cmd_chat(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command in ("export", "generate", "chat", "demo"):
+        from etsdk.quiet import quiet_command_line
+
+        quiet_command_line(verbose=getattr(args, "verbose", False))  # this process only: the library never does
     try:
         return int(args.func(args))
     except EtsdkError as exc:

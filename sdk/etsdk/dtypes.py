@@ -33,6 +33,7 @@ def _table() -> dict[int, torch.dtype]:
 
 
 def torch_dtype(code: int) -> torch.dtype:
+    """The torch dtype of an ExecuTorch ``ScalarType`` code (``6`` -> ``torch.float32``)."""
     try:
         return _table()[code]
     except KeyError:

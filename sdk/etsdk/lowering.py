@@ -200,6 +200,10 @@ def lower(
             raise ExportError(f"contract '{contract.name}' needs method(s) {', '.join(missing)} that were not given")
     if contract is not None and contract.states:
         contract = _with_state_device(contract, state_devices)
+    # model identity for session snapshots (etsdk.fingerprint): backend-independent, read before edge lowering
+    from etsdk.fingerprint import model_fingerprint
+
+    model = model_fingerprint(exported.values(), {fqn for s in methods.values() for fqn in s.state}, contract)
     context.progress("lowering to edge and partitioning")
     with context:
         edge = to_edge_transform_and_lower(
@@ -227,7 +231,7 @@ def lower(
                 "(ops_to_not_decompose) but no backend claimed them, and the portable kernels need them decomposed"
             )
         records[name] = check_binding_order(name, lowered_program.graph_module, context.sealed)
-    record = ProgramRecord(methods=records, contract=contract, producer=f"etsdk {_version()}")
+    record = ProgramRecord(methods=records, contract=contract, producer=f"etsdk {_version()}", model=model)
     store = getattr(edge, "_named_data_store", None)
     if store is None:
         raise ExportError("this executorch release has no program-level named data store; etsdk needs executorch==1.5.1")
@@ -346,7 +350,7 @@ def _check_engine_io(method: str, exported: Any, contract: Any) -> None:
     produced = dict(zip([s.arg.name for s in exported.graph_signature.output_specs], output_node.args[0]))
 
     def described(node: Any) -> tuple[str, tuple[int, ...]] | None:
-        value = node.meta.get("val") if hasattr(node, "meta") else None
+        value: Any = node.meta.get("val") if hasattr(node, "meta") else None
         return (_dtype_name(value.dtype), tuple(value.shape)) if hasattr(value, "dtype") else None
 
     contract.check_engine_io(

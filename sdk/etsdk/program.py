@@ -141,12 +141,19 @@ class Program:
         """etsdk's program record: contract and every delegate's signature in engine order."""
         return self._record
 
+    @property
+    def fingerprint(self) -> str | None:
+        """Model identity (weights + state specs, any backend); None for programs exported before etsdk recorded it."""
+        model = self._record.model if self._record is not None else None
+        return model.combined if model is not None else None
+
     def new_session(self) -> Session:
         """Fresh state for this program: every declared state at its initial value."""
         contract = self.contract
         if contract is None or not contract.states:
             raise StateError(f"program {self.path.name} declares no state")
-        return Session(contract, owner=self)
+        assert self._record is not None  # a contract comes from the record
+        return Session(contract, owner=self, model=self._record.model, where=self.path.name)
 
     @property
     def default_session(self) -> Session:

@@ -35,6 +35,7 @@ from etsdk.blob import BlobReader, BlobWriter
 from etsdk.contract import Contract
 from etsdk.dtypes import dtype_name as _dtype_name
 from etsdk.errors import ExportError, ProgramError
+from etsdk.fingerprint import ModelFingerprint
 from etsdk.versioning import check_format
 
 __all__ = [
@@ -56,6 +57,7 @@ PAYLOAD_SECTION = "payload"
 PROGRAM_RECORD_KEY = "etsdk/program"
 PROGRAM_FORMAT = "etsdk.program"
 PROGRAM_FORMAT_MAJOR = 2
+PROGRAM_FORMAT_MINOR = 1  # 2.1: the model fingerprint (etsdk.fingerprint)
 #: Node meta key carrying a node's identity through partitioning (export only, never serialized).
 NODE_ID_META = "etsdk_node_id"
 
@@ -95,7 +97,9 @@ class DelegateSignature:
 
     ``uid`` identifies the delegate (hash of its payload and this signature);
     ``payload_sha256`` is the SHA-256 of the plugin's payload, checked at load;
-    ``operators``: ``(operator name, count)`` of what the delegate computes.
+    ``payload_features``: the features the payload requires when it is an etsdk
+    blob container (``None`` for an opaque payload); ``operators``:
+    ``(operator name, count)`` of what the delegate computes.
     """
 
     inputs: tuple[ArgSpec, ...]
@@ -103,6 +107,7 @@ class DelegateSignature:
     states: tuple[StateBinding, ...] = ()
     operators: tuple[tuple[str, int], ...] = ()
     payload_sha256: str = ""
+    payload_features: tuple[str, ...] | None = None
     uid: str = ""
 
     @property
@@ -149,7 +154,11 @@ class DelegateSignature:
 
     def sealed(self, payload: bytes | memoryview) -> DelegateSignature:
         """This signature with the payload's hash and the uid derived from both."""
-        unsealed = replace(self, payload_sha256=hashlib.sha256(payload).hexdigest(), uid="")
+        try:
+            features: tuple[str, ...] | None = BlobReader.declared_features(payload)[0]
+        except Exception:  # noqa: BLE001 - an opaque payload (not an etsdk container) is allowed
+            features = None
+        unsealed = replace(self, payload_sha256=hashlib.sha256(payload).hexdigest(), payload_features=features, uid="")
         return replace(unsealed, uid=unsealed.computed_uid())
 
     def computed_uid(self) -> str:
@@ -162,6 +171,7 @@ class DelegateSignature:
         return {
             "uid": self.uid,
             "payload_sha256": self.payload_sha256,
+            "payload_features": list(self.payload_features) if self.payload_features is not None else None,
             "inputs": [_arg_json(a) for a in self.inputs],
             "outputs": [_arg_json(a) for a in self.outputs],
             "states": [
@@ -197,6 +207,9 @@ class DelegateSignature:
                 ),
                 operators=tuple((_str(name), _count(count)) for name, count in obj["operators"]),
                 payload_sha256=_str(obj["payload_sha256"]),
+                payload_features=(
+                    None if obj["payload_features"] is None else tuple(_str(f) for f in obj["payload_features"])
+                ),
                 uid=_str(obj["uid"]),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -299,12 +312,15 @@ class ProgramRecord:
     contract: Contract | None = None
     producer: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
+    #: weights + state-spec fingerprint (None in records written before format 2.1)
+    model: ModelFingerprint | None = None
 
     def to_bytes(self) -> bytes:
         return json.dumps(
             {
                 "format": PROGRAM_FORMAT,
-                "format_version": [PROGRAM_FORMAT_MAJOR, 0],
+                "format_version": [PROGRAM_FORMAT_MAJOR, PROGRAM_FORMAT_MINOR],
+                "model": self.model.to_json() if self.model is not None else None,
                 "producer": self.producer,
                 "contract": self.contract.to_json() if self.contract is not None else None,
                 "methods": {
@@ -322,7 +338,7 @@ class ProgramRecord:
         except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
             raise ProgramError(f"{where}: etsdk program record is not valid JSON: {type(exc).__name__}") from None
         major, _ = check_format(
-            obj, expected=PROGRAM_FORMAT, major=PROGRAM_FORMAT_MAJOR, minor=0, where=where, error=ProgramError,
+            obj, expected=PROGRAM_FORMAT, major=PROGRAM_FORMAT_MAJOR, minor=PROGRAM_FORMAT_MINOR, where=where, error=ProgramError,
             what="etsdk program record",
         )
         if major < PROGRAM_FORMAT_MAJOR:
@@ -349,7 +365,10 @@ class ProgramRecord:
                 )
             methods[method] = tuple(records)
         producer = obj.get("producer", "")
-        return cls(methods=methods, contract=contract, producer=producer if isinstance(producer, str) else "")
+        model = obj.get("model")
+        if model is not None:
+            model = ModelFingerprint.from_json(model, f"{where}: etsdk program record")
+        return cls(methods=methods, contract=contract, producer=producer if isinstance(producer, str) else "", model=model)
 
 
 # ----------------------------------------------------------------------------- export-time order check

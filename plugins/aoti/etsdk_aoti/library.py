@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from etsdk.errors import BackendError
+from etsdk import BackendError
 
 _vp = ctypes.c_void_p
 _size = ctypes.c_size_t

@@ -5,7 +5,9 @@ character tokenizer are written as a transformers model directory, exported with
 hf_static v1 program through etsdk-aoti (progress on stderr), then ``etsdk generate`` streams text from it.
 The generated ids are checked against transformers' own eager ``generate`` on the same weights.
 
-``python -m etsdk_hf_static.demo [--out-dir DIR] [--backend aoti|reference] [--prompt TEXT]``
+``python -m etsdk_hf_static.demo [--out-dir DIR] [--backend aoti|reference] [--prompt TEXT] [--verbose]``
+
+Only etsdk's own progress and results are printed; ``--verbose`` also shows other libraries' warnings.
 """
 
 from __future__ import annotations
@@ -22,8 +24,11 @@ PROMPT = "Hello, ExecuTorch!"
 NEW_TOKENS = 16
 
 
+_VERBOSE: list[str] = []  # ["--verbose"] when the demo runs with --verbose
+
+
 def _etsdk(*args: str, capture: bool = False) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "etsdk", *args], text=True, capture_output=capture)
+    return subprocess.run([sys.executable, "-m", "etsdk", *args, *_VERBOSE], text=True, capture_output=capture)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -31,7 +36,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out-dir", default=None, help="where to write the model and program (default: a temporary directory)")
     parser.add_argument("--backend", default="aoti", help="backend for both methods (default: aoti)")
     parser.add_argument("--prompt", default=PROMPT)
+    parser.add_argument("--verbose", action="store_true", help="also show other libraries' warnings and logs")
     args = parser.parse_args(argv)
+    from etsdk import quiet_command_line
+
+    quiet_command_line(verbose=args.verbose)  # before torch and transformers are imported
+    _VERBOSE[:] = ["--verbose"] if args.verbose else []
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -40,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     out = Path(args.out_dir) if args.out_dir else Path(tempfile.mkdtemp(prefix="etsdk-demo-"))
     print("== installed plugins", flush=True)
-    _etsdk("plugins")
+    subprocess.run([sys.executable, "-m", "etsdk", "plugins"])
     model_dir = save_tiny_model(out / "tiny-llama", "llama")
     print(f"== wrote an embedded random-weight Llama (GQA) with a character tokenizer to {model_dir}", flush=True)
     pte = out / "tiny-llama.pte"

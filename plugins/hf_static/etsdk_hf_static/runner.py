@@ -6,28 +6,34 @@ method's engine inputs and outputs (shape *and* dtype: equal byte sizes are not
 enough) against what the metadata implies. Before every step it writes the
 positions and every layer's counter from ``start_pos`` and builds the mask
 (:func:`~etsdk_hf_static.module.causal_mask`). A prompt is planned completely
-before anything runs: full prefill chunks, a padded last chunk when it fits the
-context, otherwise the tail goes through decode; a request that would not fit
-the context is refused before the first step.
+before anything runs (:mod:`etsdk_hf_static.planning`); a request that would
+not fit the context is refused before the first step.
 
-One :class:`Conversation` per independent stream; positions carry on across
-``generate`` calls (multi-turn) until :meth:`Conversation.reset`.
+One :class:`~etsdk_hf_static.conversation.Conversation` per independent stream;
+positions carry on across ``generate`` calls (multi-turn) until ``reset``;
+conversations fork, rewind, snapshot, restore, save and load.
+
+Threads: a runner (its program, metadata, tokenizer) may be shared by threads;
+a conversation is used by one thread at a time. Conversations of one runner on
+different threads each fill their own inputs and bind their own state; calls
+into the program are serialised by the program's lock.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-from etsdk import Contract, ContractError, GenerationError, GenerationResult, MethodInfo, Program, Sampling, dtype_name
+from etsdk import Contract, ContractError, GenerationError, GenerationResult, MethodInfo, Program, dtype_name
 
+from etsdk_hf_static.conversation import Conversation
 from etsdk_hf_static.metadata import HfStaticMetadata, read_metadata
-from etsdk_hf_static.module import causal_mask
-from etsdk_hf_static.sampling import choose, generator_for
+from etsdk_hf_static.planning import MethodInputs, Step, check_tokens, plan_prompt
+
+_MethodInputs = MethodInputs  # the name tests and older callers use
 
 __all__ = [
     "Conversation",
@@ -44,16 +50,6 @@ __all__ = [
 
 class ProgramMismatchError(ContractError):
     """A method's engine inputs or outputs are not what the hf_static metadata implies."""
-
-
-@dataclass(frozen=True, slots=True)
-class Step:
-    """One method call: ``tokens`` (the real ones) written at ``start``; ``rows`` is the method's row count."""
-
-    method: str
-    start: int
-    tokens: tuple[int, ...]
-    rows: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,164 +123,6 @@ def check_program(record: Contract | None, infos: Mapping[str, MethodInfo]) -> H
     return meta
 
 
-def check_tokens(tokens: Iterable[Any], vocab: int, what: str = "prompt") -> tuple[int, ...]:
-    """Token ids as Python ints in ``0 .. vocab-1``; anything else is a :class:`GenerationError`."""
-    if isinstance(tokens, torch.Tensor):
-        if tokens.dtype.is_floating_point or tokens.dtype == torch.bool or tokens.dtype.is_complex:
-            raise GenerationError(f"{what} token ids must be integers, found a {dtype_name(tokens.dtype)} tensor")
-        tokens = tokens.reshape(-1).tolist()
-    if isinstance(tokens, (str, bytes)):
-        raise GenerationError(f"{what} must be token ids, found text; encode it first (runner.encode)")
-    out = []
-    for index, token in enumerate(tokens):
-        if isinstance(token, bool) or not isinstance(token, int):
-            raise GenerationError(f"{what} token {index} must be an integer id, found {token!r}")
-        if not 0 <= token < vocab:
-            raise GenerationError(f"{what} token {index} is {token}, outside the vocabulary 0..{vocab - 1}")
-        out.append(token)
-    return tuple(out)
-
-
-def plan_prompt(position: int, tokens: Sequence[int], meta: HfStaticMetadata) -> list[Step]:
-    """The calls that write ``tokens`` at ``position``: full prefill chunks, a padded last chunk if it fits, else decode."""
-    steps: list[Step] = []
-    T, S = meta.prefill_length, meta.context_length
-    i = 0
-    while i < len(tokens):
-        left = len(tokens) - i
-        start = position + i
-        if left >= T or (left > 1 and start + T <= S):
-            n = min(left, T)
-            steps.append(Step("prefill", start, tuple(tokens[i : i + n]), T))
-            i += n
-        else:  # one token, or a tail whose padded chunk would run past the context
-            steps.append(Step("decode", start, (tokens[i],), 1))
-            i += 1
-    return steps
-
-
-class _MethodInputs:
-    """Pre-allocated engine inputs of one method, filled in place before each call."""
-
-    def __init__(self, rows: int, context: int) -> None:
-        self.rows = rows
-        self.context = context
-        self.ids = torch.zeros(1, rows, dtype=torch.long)
-        self.positions = torch.zeros(rows, dtype=torch.long)
-        self.mask = torch.zeros(1, 1, rows, context, dtype=torch.bool)
-        self._offsets = torch.arange(rows)
-
-    def fill(self, step: Step) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Tokens (zero-padded), positions ``start ..``, and the mask of :func:`causal_mask`."""
-        n = len(step.tokens)
-        self.ids.zero_()
-        self.ids[0, :n] = torch.tensor(step.tokens, dtype=torch.long)
-        torch.add(self._offsets, step.start, out=self.positions)
-        causal_mask(step.start, n, self.rows, self.context, out=self.mask)
-        return self.ids, self.positions, self.mask
-
-
-class Conversation:
-    """One independent stream over a loaded program: its own caller-owned state and position."""
-
-    def __init__(self, runner: HfStaticRunner) -> None:
-        self._runner = runner
-        self.session = runner.program.new_session()
-        self._counters = [self.session.tensor(f"c{layer}") for layer in range(runner.metadata.layers)]
-        self.position = 0  # cache rows written so far
-        self.pending: tuple[int, ...] = ()  # the last generated token, not yet written to the cache
-
-    def reset(self) -> None:
-        """Back to an empty context (state at its initial values, in place)."""
-        self.session.reset()
-        self.position = 0
-        self.pending = ()
-
-    def run_step(self, step: Step) -> torch.Tensor:
-        """Write counters, positions and mask for ``step``, run it, return the logits of its last real row."""
-        runner = self._runner
-        for counter in self._counters:
-            counter.fill_(step.start)
-        inputs = runner._inputs[step.method].fill(step)
-        outputs = runner._methods[step.method].execute(inputs, session=self.session)
-        self.position = step.start + len(step.tokens)
-        return outputs[-1][0, len(step.tokens) - 1]
-
-    def generate(
-        self,
-        prompt_ids: Iterable[int],
-        *,
-        max_new_tokens: int = 32,
-        sampling: Sampling | None = None,
-        on_token: Callable[[int], None] | None = None,
-        stop_at_eos: bool = True,
-    ) -> GenerationResult:
-        """Continue the conversation with ``prompt_ids`` and generate up to ``max_new_tokens``.
-
-        Everything is checked and planned before the first step: token ids, room in
-        the context (``position + len(prompt) + max_new_tokens - 1 <= S``).
-        ``on_token`` receives each token as it is chosen (streaming); the time it takes
-        is not counted in ``decode_tokens_per_s``.
-        """
-        meta = self._runner.metadata
-        sampling = sampling or Sampling()
-        prompt = check_tokens(prompt_ids, meta.vocab_size)
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise GenerationError(f"max_new_tokens must be a positive integer, found {max_new_tokens!r}")
-        feed = self.pending + prompt
-        if not feed:
-            raise GenerationError("the prompt is empty and the conversation has no pending token")
-        needed = self.position + len(feed) + max_new_tokens - 1
-        if needed > meta.context_length:
-            raise GenerationError(
-                f"{len(prompt)} prompt token(s) plus {max_new_tokens} new token(s) need {needed} cache rows "
-                f"({self.position} already used), but the program's context length S is {meta.context_length}"
-            )
-        steps = plan_prompt(self.position, feed, meta)
-        generator = generator_for(sampling)
-        started = time.perf_counter()
-        logits = None
-        for step in steps:
-            logits = self.run_step(step)
-        assert logits is not None
-        token = choose(logits, sampling, generator)
-        prefill_ms = (time.perf_counter() - started) * 1e3
-        generated: list[int] = []
-        streaming_s = 0.0  # time spent in on_token: the caller's, not the model's
-
-        def emit(token: int) -> None:
-            nonlocal streaming_s
-            generated.append(token)
-            self.pending = (token,)
-            if on_token is not None:
-                before = time.perf_counter()
-                on_token(token)
-                streaming_s += time.perf_counter() - before
-
-        emit(token)
-        streaming_s = 0.0
-        stopped = "length"
-        decode_started = time.perf_counter()
-        while True:
-            if stop_at_eos and token in meta.eos_ids:
-                stopped = "eos"
-                break
-            if len(generated) == max_new_tokens:
-                break
-            logits = self.run_step(Step("decode", self.position, (token,), 1))
-            token = choose(logits, sampling, generator)
-            emit(token)
-        decode_s = time.perf_counter() - decode_started - streaming_s
-        decoded = len(generated) - 1
-        return GenerationResult(
-            prompt_ids=prompt,
-            token_ids=tuple(generated),
-            prefill_ms=prefill_ms,
-            decode_tokens_per_s=decoded / decode_s if decoded and decode_s > 0 else 0.0,
-            stopped=stopped,
-        )
-
-
 class HfStaticRunner:
     """Drives a loaded hf_static program: checks it once, then serves any number of conversations."""
 
@@ -292,12 +130,9 @@ class HfStaticRunner:
         self.program = program
         self.metadata = check_program(program.contract, {m: program.method_info(m) for m in program.methods})
         self._methods = {method: program.load_method(method) for method in ("prefill", "decode")}
-        self._inputs = {
-            "prefill": _MethodInputs(self.metadata.prefill_length, self.metadata.context_length),
-            "decode": _MethodInputs(1, self.metadata.context_length),
-        }
         self._tokenizer = tokenizer
         self._default: Conversation | None = None
+        self._lock = threading.Lock()
 
     @classmethod
     def from_program(cls, program: Program) -> HfStaticRunner:
@@ -321,13 +156,20 @@ class HfStaticRunner:
     def new_conversation(self) -> Conversation:
         return Conversation(self)
 
+    def load_conversation(self, path: str | Path) -> tuple[Conversation, dict[str, Any]]:
+        """A new conversation holding the one saved in ``path``, and the metadata saved with it."""
+        conversation = Conversation(self)
+        return conversation, conversation.load(path)
+
     @property
     def default(self) -> Conversation:
-        if self._default is None:
-            self._default = Conversation(self)
-        return self._default
+        """The conversation :meth:`generate` and :meth:`reset` use (one thread at a time, like any conversation)."""
+        with self._lock:
+            if self._default is None:
+                self._default = Conversation(self)
+            return self._default
 
-    def generate(self, prompt_ids: Iterable[int], **options: Any) -> GenerationResult:
+    def generate(self, prompt_ids: Any, **options: Any) -> GenerationResult:
         """:meth:`Conversation.generate` on this runner's default conversation."""
         return self.default.generate(prompt_ids, **options)
 
@@ -336,14 +178,20 @@ class HfStaticRunner:
 
     # ------------------------------------------------------------------ text
 
-    def encode(self, text: str) -> list[int]:
+    def _require_tokenizer(self) -> Any:
         if self._tokenizer is None:
             raise GenerationError(
                 f"{self.program.path.name} has no tokenizer saved beside it (export from a model directory with one); "
                 "pass token ids instead (--prompt-ids)"
             )
-        ids = list(self._tokenizer.encode(text, add_special_tokens=False))
-        if self.metadata.bos_id is not None and self.default.position == 0 and not self.default.pending:
+        return self._tokenizer
+
+    def encode(self, text: str, *, bos: bool | None = None) -> list[int]:
+        """``text`` as token ids; ``bos``: start with the model's BOS id (default: when the default conversation is empty)."""
+        ids = list(self._require_tokenizer().encode(text, add_special_tokens=False))
+        if bos is None:
+            bos = self.default.position == 0 and not self.default.pending
+        if bos and self.metadata.bos_id is not None:
             ids = [self.metadata.bos_id, *ids]
         return ids
 
@@ -351,3 +199,19 @@ class HfStaticRunner:
         if self._tokenizer is None:
             return " ".join(map(str, ids))
         return str(self._tokenizer.decode(list(ids), skip_special_tokens=True))
+
+    def chat_prompt_ids(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+        """The ids of ``messages`` (``{"role", "content"}``) through the tokenizer's chat template, ready for a reply."""
+        tokenizer = self._require_tokenizer()
+        if not getattr(tokenizer, "chat_template", None):
+            raise GenerationError(
+                f"the tokenizer saved beside {self.program.path.name} has no chat template; prompt it without --chat"
+            )
+        try:
+            encoded = tokenizer.apply_chat_template(
+                [dict(m) for m in messages], add_generation_prompt=True, tokenize=True
+            )
+        except Exception as exc:  # jinja2 errors, template exceptions: the template's, reported as one line
+            raise GenerationError(f"the chat template failed: {type(exc).__name__}: {exc}") from None
+        ids = encoded["input_ids"] if isinstance(encoded, Mapping) else encoded
+        return list(check_tokens(list(ids), self.metadata.vocab_size, what="chat template"))

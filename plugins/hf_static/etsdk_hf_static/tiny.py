@@ -2,8 +2,9 @@
 
 Nothing is downloaded: the configs are written here and the tokenizer is built
 in memory (printable ASCII, one token per character, plus ``<bos>``,
-``<eos>``, ``<unk>``). Used by the README's main job, the tests and the
-benchmark's default.
+``<eos>``, ``<unk>``) with a small chat template (:data:`CHAT_TEMPLATE`), so
+``etsdk chat`` and ``apply_chat_template`` work on it. Used by the README's main
+job, the tests and the benchmark's default.
 
 Random weights give near-tied logits, and a near tie flips on rounding between
 two correct implementations. :func:`tiny_model` therefore draws the output
@@ -17,12 +18,17 @@ import string
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ARCHITECTURES", "char_tokenizer", "save_tiny_model", "tiny_model"]
+__all__ = ["ARCHITECTURES", "CHAT_TEMPLATE", "char_tokenizer", "save_tiny_model", "tiny_model"]
 
 ARCHITECTURES = ("llama", "qwen2", "mistral")
 SPECIALS = ("<unk>", "<bos>", "<eos>")
 #: one id per special and per distinct printable ASCII character: every id decodes to text
 VOCAB = len(SPECIALS) + len(dict.fromkeys(string.printable))
+#: ``<bos>[system] ...<eos>[user] ...<eos>[assistant] ...<eos>``; with the generation prompt it ends ``[assistant] ``
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}[{{ message['role'] }}] {{ message['content'] }}{{ eos_token }}"
+    "{% endfor %}{% if add_generation_prompt %}[assistant] {% endif %}"
+)
 
 
 def _config(architecture: str, *, vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, positions: int) -> Any:
@@ -72,7 +78,7 @@ def tiny_model(
 
 
 def char_tokenizer() -> Any:
-    """A ``PreTrainedTokenizerFast`` with one token per printable ASCII character."""
+    """A ``PreTrainedTokenizerFast`` with one token per printable ASCII character and :data:`CHAT_TEMPLATE`."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -82,7 +88,9 @@ def char_tokenizer() -> Any:
     tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
     tokenizer.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", bos_token="<bos>", eos_token="<eos>")
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", bos_token="<bos>", eos_token="<eos>")
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
 
 
 def save_tiny_model(directory: str | Path, architecture: str = "llama", **options: Any) -> Path:

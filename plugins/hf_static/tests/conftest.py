@@ -43,20 +43,21 @@ def prompt_of(length: int, seed: int = 0) -> list[int]:
 
 @pytest.fixture(scope="session")
 def models() -> dict[str, Any]:
-    return {"llama": tiny_model("llama", seed=0), "qwen2": tiny_model("qwen2", seed=1)}
+    """``llama`` and ``qwen2``; ``llama-other``: the same Llama configuration with other weights."""
+    return {"llama": tiny_model("llama", seed=0), "qwen2": tiny_model("qwen2", seed=1), "llama-other": tiny_model("llama", seed=7)}
 
 
 @pytest.fixture(scope="session")
 def exported(models: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
-    """``exported(arch, prefill=..., decode=...)`` -> the .pte, exported once per combination."""
-    cache: dict[tuple[str, str, str], Path] = {}
+    """``exported(arch, prefill=..., decode=..., context_length=S)`` -> the .pte, exported once per combination."""
+    cache: dict[tuple[str, str, str, int], Path] = {}
 
-    def get(arch: str, prefill: str = "aoti", decode: str = "aoti") -> Path:
-        key = (arch, prefill, decode)
+    def get(arch: str, prefill: str = "aoti", decode: str = "aoti", context_length: int = S) -> Path:
+        key = (arch, prefill, decode, context_length)
         if key not in cache:
-            path = tmp_path_factory.mktemp(f"{arch}-{prefill}-{decode}") / "model.pte"
+            path = tmp_path_factory.mktemp(f"{arch}-{prefill}-{decode}-{context_length}") / "model.pte"
             export(models[arch], path, prefill_backend=prefill, decode_backend=decode, prefill_length=T,
-                   context_length=S, partitioner_options={"EtsdkAotiBackend": {"device": "cpu"}}, quiet=True)
+                   context_length=context_length, partitioner_options={"EtsdkAotiBackend": {"device": "cpu"}}, quiet=True)
             cache[key] = path
         return cache[key]
 
@@ -73,3 +74,15 @@ def runner(exported: Callable[..., Path]) -> HfStaticRunner:
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A transformers model directory (config, weights, tokenizer) written locally: no download."""
     return save_tiny_model(tmp_path_factory.mktemp("tiny-llama") / "model", "llama", seed=0)
+
+
+#: context length of the chat program: the tiny chat template spends about 20 character tokens per message
+CHAT_S = 128
+
+
+@pytest.fixture(scope="session")
+def chat_pte(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The model directory's Llama through the reference backend, with its tokenizer (and chat template) beside it."""
+    path = tmp_path_factory.mktemp("chat") / "chat.pte"
+    export(model_dir, path, backend="reference", prefill_length=T, context_length=CHAT_S, quiet=True)
+    return path

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from conftest import MARGIN, S, T, hf_generate
+
+#: lines other libraries print at import or export (torchao, torch logging, warnings, progress bars)
+FOREIGN = re.compile(r"Warning|warnings\.warn|^\s*return |^[WEI]\d{4} |Failed to load|it/s\]|Traceback")
+
+
+def _foreign(lines: list[str]) -> list[str]:
+    """Lines that are not etsdk's own: every stderr line etsdk prints starts with ``etsdk``."""
+    return [line for line in lines if line.strip() and not line.startswith("etsdk")]
 
 
 def _etsdk(*args: str) -> subprocess.CompletedProcess[str]:
@@ -25,6 +35,7 @@ def cli_pte(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert result.returncode == 0, result.stderr
     for stage in ("loading", "tracing 'prefill'", "compiling", "writing"):
         assert stage in result.stderr, f"no '{stage}' progress line"
+    assert not _foreign(result.stderr.splitlines()), "etsdk export printed other libraries' lines"
     assert {p.name for p in out.parent.iterdir()} == {"tiny.pte", "tiny.ptd", "tiny.tokenizer"}
     return out
 
@@ -86,3 +97,14 @@ def test_seeded_sampling_from_the_cli_repeats(cli_pte: Path) -> None:
     assert ids[0] == ids[1] and len(ids[0]) >= 1
     bad = _etsdk("generate", str(cli_pte), "--prompt-ids", "1", "--top-p", "0")
     assert bad.returncode == 2 and "top_p must be in (0, 1]" in bad.stderr
+
+
+def test_generate_prints_no_line_from_another_library(cli_pte: Path) -> None:
+    """Issue 15: torchao's "Failed to load", torch's W1203 lines, FutureWarnings and progress bars stay hidden."""
+    result = _etsdk("generate", str(cli_pte), "--prompt", "Hi there", "--max-new-tokens", "6")
+    assert result.returncode == 0, result.stderr
+    assert not _foreign(result.stderr.splitlines()), result.stderr
+    assert not [line for line in result.stdout.splitlines() if FOREIGN.search(line)], result.stdout
+    if importlib.util.find_spec("torchao") is not None:  # the noise this environment makes: --verbose shows it
+        verbose = _etsdk("generate", str(cli_pte), "--prompt", "Hi there", "--max-new-tokens", "2", "--verbose")
+        assert verbose.returncode == 0 and _foreign(verbose.stderr.splitlines()), verbose.stderr

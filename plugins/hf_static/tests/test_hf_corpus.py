@@ -15,9 +15,7 @@ import etsdk
 import pytest
 import torch
 from conftest import S, T
-from etsdk.contract import Contract, ContractError
-from etsdk.generation import GenerationError, Sampling
-from etsdk.program import MethodInfo, TensorInfo
+from etsdk import Contract, ContractError, GenerationError, MethodInfo, Sampling, TensorInfo
 from etsdk_hf_static.metadata import MetadataError
 from etsdk_hf_static.runner import HfStaticRunner, ProgramMismatchError, check_program
 from etsdk_hf_static.tiny import VOCAB
@@ -234,7 +232,7 @@ def test_bad_sampling_options_are_refused(options: dict[str, float], message: st
 
 
 def test_a_program_of_another_contract_is_refused(tmp_path_factory: pytest.TempPathFactory) -> None:
-    from etsdk.testing.toy_decoder import ToyDecoder, kv_decoder_contract, kv_decoder_methods
+    from etsdk.testing import ToyDecoder, kv_decoder_contract, kv_decoder_methods
 
     model = ToyDecoder().eval()
     path = tmp_path_factory.mktemp("toy") / "toy.pte"

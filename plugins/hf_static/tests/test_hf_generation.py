@@ -10,7 +10,7 @@ import etsdk
 import pytest
 import torch
 from conftest import MARGIN, NEW, PROMPT_LENGTHS, S, T, hf_generate, prompt_of
-from etsdk.generation import Sampling
+from etsdk import Sampling
 from etsdk_hf_static.module import causal_mask
 from etsdk_hf_static.runner import HfStaticRunner, Step, plan_prompt
 
@@ -187,7 +187,7 @@ def test_in_place_inputs_match_the_mask_definition(start: int, real: int, rows: 
 @pytest.mark.parametrize("sampling", [Sampling(), Sampling(temperature=1.0, seed=0)], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_non_finite_logits_are_an_error_not_a_token(sampling: Sampling, bad: float) -> None:
-    from etsdk.generation import GenerationError
+    from etsdk import GenerationError
     from etsdk_hf_static.sampling import choose, generator_for
 
     logits = torch.zeros(16)

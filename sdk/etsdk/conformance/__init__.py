@@ -28,12 +28,11 @@ def run(
 ) -> int:
     """Run the kit in this process through pytest; returns pytest's exit code."""
     import json
+    from importlib import metadata
 
     import pytest
 
     from etsdk.conformance.pytest_plugin import SUITE
-
-    from importlib import metadata
 
     args = [str(SUITE), "-q", "-p", "no:cacheprovider"]
     if not any(ep.value == "etsdk.conformance.pytest_plugin" for ep in metadata.entry_points(group="pytest11")):

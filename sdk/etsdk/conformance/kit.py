@@ -61,7 +61,7 @@ class Kit:
 
     def _options(self, backends: tuple[str, ...], reference_ops: list[str] | None) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
-        if self.options:
+        if self.options and self.backend_id in backends:
             out[self.backend_id] = dict(self.options)
         if reference_ops is not None and REFERENCE in backends:
             out[REFERENCE] = {"ops": reference_ops}
@@ -113,7 +113,7 @@ class Kit:
         """A cache update beside two same-shaped user outputs (contract etsdk_kit_pair v1)."""
         import torch
 
-        from etsdk.conformance.models import D, S, CachePair
+        from etsdk.conformance.models import CachePair, D, S
 
         etsdk.register_contracts(
             [etsdk.ContractSpec(name="etsdk_kit_pair", version=1, path=PAIR_CONTRACT)], "etsdk-conformance-kit"

@@ -24,7 +24,7 @@ class Mlp(torch.nn.Module):
 
 
 class WithUnclaimed(torch.nn.Module):
-    """Linear layers around operators a backend may well not claim (cumulative sum, sort)."""
+    """Linear layers around operators a backend may well not claim (cumulative sum, flip): portable kernels run them."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -38,7 +38,7 @@ class WithUnclaimed(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.relu(self.first(x))
         h = torch.cumsum(h, dim=-1)
-        h = torch.sort(h, dim=-1).values
+        h = torch.flip(h, dims=[-1])
         return self.second(h)
 
 
@@ -69,6 +69,7 @@ class CachePair(torch.nn.Module):
         with torch.no_grad():
             for p in self.parameters():
                 p.copy_(torch.randn(p.shape, generator=generator))
+        self.k: torch.Tensor
         self.register_buffer("k", torch.zeros(S, D))
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

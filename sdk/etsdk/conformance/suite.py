@@ -45,7 +45,7 @@ __all__ = [
     "test_user_outputs_land_in_their_slots",
 ]
 
-TOLERANCE = {"atol": 1e-4, "rtol": 1e-4}
+ATOL = RTOL = 1e-4
 STEPS = [3, 9, 1, 7, 4]
 
 
@@ -76,7 +76,7 @@ def _claims(kit: Kit, program: etsdk.Program, method: str, behaviour: str) -> No
 
 def _close(got: torch.Tensor, want: torch.Tensor, behaviour: str) -> None:
     try:
-        torch.testing.assert_close(got, want, **TOLERANCE)
+        torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL)
     except AssertionError as exc:
         raise AssertionError(f"{behaviour}: output differs from eager PyTorch: {exc}") from None
 

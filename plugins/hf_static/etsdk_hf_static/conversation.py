@@ -1,0 +1,330 @@
+"""One conversation over an hf_static program: its state, its tokens, and what can be done with them.
+
+A :class:`Conversation` owns a session of the program (KV caches and counters,
+caller-owned, in the core), its own engine input tensors, and its token
+history: the tokens whose cache rows are written (``position`` of them) followed
+by the *pending* ones, chosen or given but not written yet (after a reply, the
+last generated token). Because the state lives in the core's session, a
+conversation can be forked, rewound, snapshotted, restored, saved and loaded
+without knowing which backend computed it.
+
+Exactness. A row of the cache is computed by the method that wrote it (prefill
+over T rows or decode over one), from the rows before it. Everything here keeps
+the calls a conversation makes the calls a fresh conversation going the same way
+would make:
+
+* :meth:`Conversation.rewind` drops tokens and leaves the last kept one pending,
+  which is the state a fresh conversation is in after generating up to there;
+  rows past the position are masked out and overwritten later.
+* :meth:`Conversation.prefill` writes only the full prefill chunks of its
+  tokens and keeps the rest pending: any prompt starting with them plans exactly
+  those chunks first (:func:`~etsdk_hf_static.planning.full_chunks`), so a
+  shared prefix forked into many conversations continues with the very calls,
+  and so the very logits, of a whole-prompt run.
+
+Threads: one conversation is used by one thread at a time. Conversations of one
+runner may run on different threads: each fills its own inputs and binds its own
+session, and calls into the program are serialised by the program's lock.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from etsdk import GenerationError, GenerationResult, Sampling
+
+from etsdk_hf_static.planning import MethodInputs, Step, check_tokens, full_chunks, plan_prompt
+from etsdk_hf_static.sampling import choose, generator_for
+
+if TYPE_CHECKING:
+    from etsdk import Session, Snapshot
+
+    from etsdk_hf_static.runner import HfStaticRunner
+
+__all__ = ["Conversation"]
+
+#: key of the conversation's own record in a snapshot's metadata
+SNAPSHOT_KEY = "hf_static.conversation"
+
+
+class Conversation:
+    """One independent stream over a loaded program: its own caller-owned state, inputs, tokens and position."""
+
+    def __init__(self, runner: HfStaticRunner, *, session: Session | None = None) -> None:
+        meta = runner.metadata
+        self._runner = runner
+        if session is None:
+            session = runner.program.new_session()
+        else:
+            session.check_owner(runner.program)
+        self.session = session
+        self._counters = [session.tensor(f"c{layer}") for layer in range(meta.layers)]
+        self._inputs = {
+            "prefill": MethodInputs(meta.prefill_length, meta.context_length),
+            "decode": MethodInputs(1, meta.context_length),
+        }
+        self._tokens: list[int] = []  # rows 0 .. position-1 written, then the pending tokens
+        self._position = 0
+        self._gap: int | None = None  # a low-level step left rows before it unwritten: history unknown
+
+    # ------------------------------------------------------------------ what it holds
+
+    @property
+    def position(self) -> int:
+        """Cache rows written so far."""
+        return self._position
+
+    @property
+    def pending(self) -> tuple[int, ...]:
+        """Tokens of the conversation not yet written to the cache (the next call writes them first)."""
+        return tuple(self._tokens[self._position :]) if self._gap is None else ()
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        """Every token of the conversation: the written rows', then the pending ones."""
+        self._check_history("read its tokens")
+        return tuple(self._tokens)
+
+    def reset(self) -> None:
+        """Back to an empty context (state at its initial values, in place)."""
+        self.session.reset()
+        self._tokens = []
+        self._position = 0
+        self._gap = None
+
+    def encode(self, text: str) -> list[int]:
+        """``text`` as token ids, starting with BOS when the conversation is empty (needs the tokenizer)."""
+        return self._runner.encode(text, bos=self._gap is None and not self._tokens)
+
+    # ------------------------------------------------------------------ running
+
+    def run_step(self, step: Step) -> torch.Tensor:
+        """Write counters, positions and mask for ``step``, run it, return the logits of its last real row.
+
+        A step must lie inside the cache (rows ``start .. start + rows - 1`` within ``0 .. S-1``) and carry
+        1 .. rows token ids of the vocabulary; anything else is a :class:`GenerationError`, before it runs.
+        """
+        meta = self._runner.metadata
+        inputs = self._inputs.get(step.method)
+        if inputs is None:
+            raise GenerationError(f"hf_static has methods prefill and decode, not '{step.method}'")
+        count = len(step.tokens)
+        if step.rows != inputs.rows or not 1 <= count <= inputs.rows:
+            raise GenerationError(
+                f"a {step.method} step has {inputs.rows} row(s) and 1..{inputs.rows} token(s), "
+                f"found rows={step.rows} with {count} token(s)"
+            )
+        if isinstance(step.start, bool) or not isinstance(step.start, int) or step.start < 0 or step.start + inputs.rows > meta.context_length:
+            raise GenerationError(
+                f"a {step.method} step at position {step.start!r} would use cache rows outside 0..{meta.context_length - 1} "
+                f"(it covers {inputs.rows} row(s); S is {meta.context_length})"
+            )
+        check_tokens(step.tokens, meta.vocab_size, what=f"{step.method} step")
+        for counter in self._counters:
+            counter.fill_(step.start)
+        outputs = self._runner._methods[step.method].execute(inputs.fill(step), session=self.session)
+        self._wrote(step.start, step.tokens)
+        return outputs[-1][0, count - 1]
+
+    def _wrote(self, start: int, tokens: tuple[int, ...]) -> None:
+        """Keep the history: rows ``start ..`` now hold ``tokens``; what follows them stays pending if consistent."""
+        end = start + len(tokens)
+        if self._gap is not None or start > len(self._tokens):
+            self._gap = start if self._gap is None else min(self._gap, start)
+        elif self._tokens[start:end] != list(tokens):
+            self._tokens[start:] = tokens
+        self._position = end
+
+    def generate(
+        self,
+        prompt_ids: Iterable[int],
+        *,
+        max_new_tokens: int = 32,
+        sampling: Sampling | None = None,
+        on_token: Callable[[int], None] | None = None,
+        stop_at_eos: bool = True,
+    ) -> GenerationResult:
+        """Continue the conversation with ``prompt_ids`` and generate up to ``max_new_tokens``.
+
+        Everything is checked and planned before the first step: token ids, room in
+        the context (``position + pending + len(prompt) + max_new_tokens - 1 <= S``).
+        ``on_token`` receives each token as it is chosen (streaming); the time it takes
+        is not counted in ``decode_tokens_per_s``.
+        """
+        meta = self._runner.metadata
+        sampling = sampling or Sampling()
+        prompt = check_tokens(prompt_ids, meta.vocab_size)
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise GenerationError(f"max_new_tokens must be a positive integer, found {max_new_tokens!r}")
+        self._check_history("generate")
+        feed = self.pending + prompt
+        if not feed:
+            raise GenerationError("the prompt is empty and the conversation has no pending token")
+        needed = self._position + len(feed) + max_new_tokens - 1
+        if needed > meta.context_length:
+            raise GenerationError(
+                f"{len(prompt)} prompt token(s) plus {max_new_tokens} new token(s) need {needed} cache rows "
+                f"({self._position} already used), but the program's context length S is {meta.context_length}"
+            )
+        steps = plan_prompt(self._position, feed, meta)
+        generator = generator_for(sampling)
+        started = time.perf_counter()
+        logits = self._write(steps, prompt)
+        if logits is None:  # feed is not empty, so the plan has a step
+            raise GenerationError("nothing to run: the prompt plan is empty")
+        token = choose(logits, sampling, generator)
+        prefill_ms = (time.perf_counter() - started) * 1e3
+        generated: list[int] = []
+        streaming_s = 0.0  # time spent in on_token: the caller's, not the model's
+
+        def emit(token: int) -> None:
+            nonlocal streaming_s
+            generated.append(token)
+            self._tokens.append(token)  # pending until the next step writes it
+            if on_token is not None:
+                before = time.perf_counter()
+                on_token(token)
+                streaming_s += time.perf_counter() - before
+
+        emit(token)
+        streaming_s = 0.0
+        stopped = "length"
+        decode_started = time.perf_counter()
+        while True:
+            if stop_at_eos and token in meta.eos_ids:
+                stopped = "eos"
+                break
+            if len(generated) == max_new_tokens:
+                break
+            logits = self.run_step(Step("decode", self._position, (token,), 1))
+            token = choose(logits, sampling, generator)
+            emit(token)
+        decode_s = time.perf_counter() - decode_started - streaming_s
+        decoded = len(generated) - 1
+        return GenerationResult(
+            prompt_ids=prompt,
+            token_ids=tuple(generated),
+            prefill_ms=prefill_ms,
+            decode_tokens_per_s=decoded / decode_s if decoded and decode_s > 0 else 0.0,
+            stopped=stopped,
+        )
+
+    def _write(self, steps: list[Step], new: tuple[int, ...]) -> torch.Tensor | None:
+        """Append ``new`` to the history and run ``steps``; on failure, forget the tokens no step wrote."""
+        before = len(self._tokens)
+        self._tokens.extend(new)
+        logits = None
+        try:
+            for step in steps:
+                logits = self.run_step(step)
+        except BaseException:
+            del self._tokens[max(self._position, before) :]
+            raise
+        return logits
+
+    # ------------------------------------------------------------------ reuse
+
+    def prefill(self, prompt_ids: Iterable[int]) -> int:
+        """Add ``prompt_ids`` to the conversation without generating: a shared prefix, prefilled once.
+
+        Writes the full prefill chunks of the pending tokens and keeps the rest pending, so that any
+        continuation (here or in a :meth:`fork`) makes exactly the calls of a conversation that was given
+        the whole prompt at once. Returns the number of cache rows written now.
+        """
+        meta = self._runner.metadata
+        ids = check_tokens(prompt_ids, meta.vocab_size)
+        self._check_history("prefill")
+        total = len(self._tokens) + len(ids)
+        if total > meta.context_length:
+            raise GenerationError(
+                f"{len(ids)} token(s) after {len(self._tokens)} need {total} cache rows, but the program's "
+                f"context length S is {meta.context_length}"
+            )
+        before = self._position
+        self._write(full_chunks(self._position, [*self.pending, *ids], meta), ids)
+        return self._position - before
+
+    def fork(self) -> Conversation:
+        """A new conversation continuing from this one: a copy of its state and tokens (its own storage)."""
+        twin = Conversation(self._runner, session=self.session.fork())
+        twin._tokens = list(self._tokens)
+        twin._position = self._position
+        twin._gap = self._gap
+        return twin
+
+    def rewind(self, count: int) -> None:
+        """Drop the last ``count`` tokens (``0 .. len(tokens)``).
+
+        The last token kept becomes pending (its row is written again by the next call, which needs its
+        logits), exactly the state a fresh conversation is in after generating up to it. Rows past the
+        position are masked out and overwritten by the next calls.
+        """
+        self._check_history("rewind")
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= len(self._tokens):
+            raise GenerationError(
+                f"rewind takes a number of tokens in 0..{len(self._tokens)} (the conversation's length), found {count!r}"
+            )
+        if count == 0:
+            return
+        del self._tokens[len(self._tokens) - count :]
+        self._position = min(self._position, max(len(self._tokens) - 1, 0))
+
+    # ------------------------------------------------------------------ snapshots and files
+
+    def snapshot(self, metadata: Mapping[str, Any] | None = None) -> Snapshot:
+        """An immutable copy of this conversation (state, tokens, position); ``metadata``: JSON kept with it."""
+        self._check_history("take a snapshot")
+        record: dict[str, Any] = {"tokens": list(self._tokens), "position": self._position}
+        if metadata is not None:
+            record["user"] = dict(metadata)
+        return self.session.snapshot({SNAPSHOT_KEY: record})
+
+    def restore(self, snapshot: Snapshot) -> dict[str, Any]:
+        """Make this conversation the one in ``snapshot`` (taken on this model and state specs, any backend).
+
+        Returns the metadata given to :meth:`snapshot` / :meth:`save`. Refused (``etsdk.StateError``) before
+        anything changes for a snapshot of another model, another S, or one not taken from a conversation.
+        """
+        from etsdk import Snapshot, StateError
+
+        if not isinstance(snapshot, Snapshot):
+            raise StateError(f"restore() takes an etsdk Snapshot, found {type(snapshot).__name__}")
+        meta = self._runner.metadata
+        record = snapshot.metadata.get(SNAPSHOT_KEY)
+        if not isinstance(record, Mapping) or not {"tokens", "position"} <= set(record) or set(record) - {"tokens", "position", "user"}:
+            raise StateError("the snapshot was not taken from an hf_static conversation (no conversation record)")
+        tokens, position, user = record["tokens"], record["position"], record.get("user", {})
+        if not isinstance(tokens, list) or len(tokens) > meta.context_length:
+            raise StateError(f"the snapshot's tokens must be a list of at most S={meta.context_length} ids")
+        try:
+            tokens = list(check_tokens(tokens, meta.vocab_size, what="snapshot"))
+        except GenerationError as exc:
+            raise StateError(str(exc)) from None
+        if isinstance(position, bool) or not isinstance(position, int) or not 0 <= position <= len(tokens):
+            raise StateError(f"the snapshot's position must be in 0..{len(tokens)}, found {position!r}")
+        if not isinstance(user, Mapping):
+            raise StateError("the snapshot's user metadata must be an object")
+        self.session.restore(snapshot)
+        self._tokens, self._position, self._gap = tokens, position, None
+        return dict(user)
+
+    def save(self, path: str | Path, metadata: Mapping[str, Any] | None = None) -> Path:
+        """Write this conversation to ``path`` (safetensors: state, tokens, position, ``metadata``)."""
+        return self.snapshot(metadata).save(path)
+
+    def load(self, path: str | Path) -> dict[str, Any]:
+        """Replace this conversation by the one saved in ``path``; returns the metadata saved with it."""
+        from etsdk import Snapshot
+
+        return self.restore(Snapshot.load(path))
+
+    def _check_history(self, action: str) -> None:
+        if self._gap is not None:
+            raise GenerationError(
+                f"cannot {action}: a step wrote at row {self._gap} or later with rows before it never written, so "
+                "the conversation's tokens are unknown; reset() it"
+            )
