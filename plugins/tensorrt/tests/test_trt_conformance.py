@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from etsdk.conformance import suite
 from etsdk.conformance.suite import *  # noqa: F401,F403 - the kit's tests
+from etsdk.conformance.suite import test_state_shared_across_methods_and_backends as _kit_shared_state
 from etsdk_tensorrt import BACKEND_ID
 
 
@@ -26,4 +26,4 @@ def etsdk_backend_options() -> dict[str, Any]:
     "(passes with `if self.options and self.backend_id in backends`)",
 )
 def test_state_shared_across_methods_and_backends(kit: Any) -> None:  # noqa: F811
-    suite.test_state_shared_across_methods_and_backends(kit)
+    _kit_shared_state(kit)
