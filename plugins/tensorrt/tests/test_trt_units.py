@@ -1,0 +1,102 @@
+"""Small pieces on their own: the blob format, the options, the operator table."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import etsdk
+import pytest
+from etsdk_tensorrt import blob_format
+from etsdk_tensorrt.options import BuildOptions
+from etsdk_tensorrt.partitioner import OPERATORS
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def _description(**changes: object) -> blob_format.BlobDescription:
+    base = blob_format.BlobDescription(
+        device="cuda",
+        inputs=(blob_format.TensorSpec("input.0.x", "float32", (1, 4)),),
+        outputs=(blob_format.TensorSpec("output.0.y", "float32", (1, 4)),),
+        states=(blob_format.StateTensor("k", "state.k", "state.k.updated", "float32", (1, 2, 8, 4)),),
+        aliases=(blob_format.Alias("state.k.updated", "state.k", "kv_cache_update", "caller", "k"),),
+        engine=None,
+        onnx=blob_format.OnnxRecord(24, "0" * 64, None, None),
+        build={"precision": "fp32"},
+    )
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+def test_a_blob_round_trips_and_requires_what_it_uses() -> None:
+    description = _description()
+    payload = blob_format.write(description, b"onnx-graph")
+    read, graph = blob_format.read(payload)
+    assert read == description and bytes(graph or b"") == b"onnx-graph"
+    assert etsdk.BlobReader.declared_features(payload)[0] == (
+        "tensorrt.alias.kv_cache_update.v1", "tensorrt.blob.v1", "tensorrt.onnx.v1"
+    )
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"aliases": ()}, "every written state needs exactly one alias"),
+        ({"aliases": (blob_format.Alias("state.k.updated", "state.k", "user", "runtime", "k"),)}, "binds only caller-owned"),
+        ({"aliases": (blob_format.Alias("state.k.updated", "input.0.x", "user", "caller", "k"),)}, "disagrees with the state table"),
+        ({"outputs": (blob_format.TensorSpec("state.k", "float32", (1, 4)),)}, "bound twice"),
+    ],
+    ids=["no-alias", "runtime-ownership", "alias-elsewhere", "duplicate-name"],
+)
+def test_an_inconsistent_blob_is_refused(changes: dict[str, object], message: str) -> None:
+    payload = blob_format.write(_description(**changes), b"onnx-graph")
+    with pytest.raises(etsdk.BlobFormatError, match=message):
+        blob_format.read(payload)
+
+
+def test_an_unknown_alias_kind_is_refused_by_writer_and_reader() -> None:
+    import json
+
+    unknown = (blob_format.Alias("state.k.updated", "state.k", "runtime_magic", "caller", "k"),)
+    with pytest.raises(etsdk.BlobFormatError, match="runtime_magic are not one of"):
+        blob_format.write(_description(aliases=unknown), b"onnx-graph")
+    table = _description().to_json()
+    table["aliases"][0]["kind"] = "runtime_magic"
+    writer = etsdk.BlobWriter(required_features=[blob_format.BLOB_FEATURE, blob_format.ONNX_FEATURE])
+    writer.add_section(blob_format.JSON_SECTION, json.dumps(table).encode())
+    writer.add_section(blob_format.ONNX_SECTION, b"onnx-graph")
+    with pytest.raises(etsdk.BlobFormatError, match="'runtime_magic' is not one of"):
+        blob_format.read(writer.to_bytes())
+
+
+def test_a_blob_with_neither_engine_nor_onnx_cannot_be_written() -> None:
+    with pytest.raises(etsdk.BlobFormatError, match="needs an engine, its ONNX, or both"):
+        blob_format.write(_description(onnx=None), None)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"device": "tpu"}, "device must be 'cuda' or 'cpu'"),
+        ({"precision": "int4"}, "precision must be one of"),
+        ({"build": "never"}, "build must be one of"),
+        ({"optimization_level": 9}, "optimization_level must be an integer from 0 to 5"),
+        ({"workspace_mib": 0}, "workspace_mib must be a positive integer"),
+        ({"colour": "red"}, "has no option"),
+    ],
+)
+def test_options_are_checked(options: dict[str, object], message: str) -> None:
+    with pytest.raises(etsdk.ExportError, match=message):
+        BuildOptions.from_options(options)
+
+
+def test_state_lives_where_the_engine_runs() -> None:
+    assert BuildOptions.from_options({}).state_device == "cuda"
+    assert BuildOptions.from_options({"device": "cpu"}).state_device == "cpu"
+
+
+def test_the_readme_table_is_the_partitioners() -> None:
+    section = README.read_text().split("### Claimed operators", 1)[1].split("\n## ", 1)[0]
+    rows = dict(re.findall(r"^\| `([a-z_:]+)` \| (.+?) \|$", section, flags=re.MULTILINE))
+    assert rows == dict(OPERATORS)

@@ -1,0 +1,36 @@
+"""Reading what an export produced: a delegate's ONNX back on disk, run by ONNX Runtime."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from etsdk_tensorrt import blob_format
+
+
+def onnx_files(captured: Any, directory: Path) -> tuple[Path, blob_format.BlobDescription]:
+    """Write a captured delegate's ONNX graph and its weights (from named data) into ``directory``."""
+    description, graph = blob_format.read(captured.payload)
+    assert description.onnx is not None and graph is not None
+    path = directory / "model.onnx"
+    path.write_bytes(bytes(graph))
+    if description.onnx.weights is not None:
+        (directory / str(description.onnx.weights_location)).write_bytes(captured.named_data[description.onnx.weights.key])
+    return path, description
+
+
+def run_onnx(path: Path, feeds: dict[str, Any]) -> dict[str, np.ndarray]:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, {k: np.array(v, order="C") for k, v in feeds.items()})))
+
+
+def by_method(captured: list[Any], method: str) -> Any:
+    (found,) = [c for c in captured if c.method == method]
+    return found
