@@ -24,7 +24,7 @@ def test_ruff() -> None:
 def test_mypy() -> None:
     pytest.importorskip("mypy")
     result = _run(
-        "mypy", "sdk/etsdk", "plugins/aoti/etsdk_aoti", "plugins/hf_static/etsdk_hf_static",
+        "mypy", "sdk/etsdk", "plugins/aoti/etsdk_aoti", "plugins/hf_static/etsdk_hf_static", "plugins/tensorrt/etsdk_tensorrt",
         "--ignore-missing-imports", "--follow-imports=silent",
     )
     assert result.returncode == 0, result.stdout + result.stderr

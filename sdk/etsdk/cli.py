@@ -96,10 +96,26 @@ def _cmd_export(args: argparse.Namespace) -> int:
         sizes=sizes,
         external_data=args.external_data,
         quiet=args.quiet,
+        partitioner_options=_backend_options(args.backend_option),
     )
     for path in spec.exporter(request):
         print(path)
     return 0
+
+
+def _backend_options(raw: list[str]) -> dict[str, dict[str, object]]:
+    """``["aoti.device=cpu", "tensorrt.precision=fp16"]`` -> ``{"aoti": {"device": "cpu"}, ...}`` (JSON values)."""
+    out: dict[str, dict[str, object]] = {}
+    for item in raw:
+        target, sep, value = item.partition("=")
+        backend, dot, key = target.partition(".")
+        if not sep or not dot or not backend or not key:
+            raise EtsdkError(f"--backend-option takes BACKEND.KEY=VALUE (e.g. aoti.device=cpu), found {item!r}")
+        try:
+            out.setdefault(backend, {})[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out.setdefault(backend, {})[key] = value
+    return out
 
 
 def _parse_ids(text: str) -> list[int]:
@@ -215,6 +231,10 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--context-length", type=int, default=None, help="cache rows (S)")
     export.add_argument("--external-data", action="store_true", help="weights in a .ptd beside the .pte")
     export.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    export.add_argument(
+        "--backend-option", action="append", default=[], metavar="BACKEND.KEY=VALUE",
+        help="a partitioner option of one backend, e.g. aoti.device=cpu (repeatable; JSON values)",
+    )
     export.add_argument("--verbose", action="store_true", help="also show other libraries' warnings and logs")
     export.set_defaults(func=_cmd_export)
 

@@ -252,6 +252,7 @@ def _preprocess(backend_id: str, method: str, edge_program: Any, compile_specs: 
         signature=signature,
         compile_specs={spec.key: bytes(spec.value) for spec in compile_specs},
         named_data=writer,
+        reporter=context.progress,
     )
     nodes = sum(1 for n in edge_program.graph.nodes if n.op == "call_function")
     context.progress(f"compiling a {nodes}-operator partition of '{method}' with {backend_id}")

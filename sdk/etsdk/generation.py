@@ -76,6 +76,7 @@ class ExportRequest:
     method (``{"prefill": "EtsdkReferenceBackend", "decode": "EtsdkAotiBackend"}``).
     ``sizes``: the contract's sizes the caller chooses (``{"T": 8, "S": 64}``).
     ``external_data``: weights in a ``.ptd`` beside the ``.pte``.
+    ``partitioner_options``: backend id (or short name) -> partitioner options.
     """
 
     model: object
@@ -85,3 +86,4 @@ class ExportRequest:
     sizes: Mapping[str, int] = field(default_factory=dict)
     external_data: bool = False
     quiet: bool = False
+    partitioner_options: Mapping[str, Mapping[str, object]] = field(default_factory=dict)

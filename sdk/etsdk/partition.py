@@ -13,8 +13,8 @@ whose keys are content-addressed and verifiable.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +123,8 @@ class Partition:
     receives them, and the state bindings in the order ``execute`` receives the
     session's tensors. ``compile_specs``: what the partitioner's
     ``DelegationSpec`` carried. ``named_data``: where weights go.
+    :meth:`progress` reports a stage of long work (a compile, an engine build)
+    the way ``etsdk.lower`` reports its own: on stderr unless the export is quiet.
     """
 
     backend_id: str
@@ -131,6 +133,11 @@ class Partition:
     signature: DelegateSignature
     compile_specs: Mapping[str, bytes]
     named_data: NamedDataWriter
+    reporter: Callable[[str], None] = field(default=lambda stage: None, repr=False)
+
+    def progress(self, stage: str) -> None:
+        """Report ``stage`` of this partition's compilation (shown unless the export is quiet)."""
+        self.reporter(f"{self.backend_id}: {stage}")
 
     def _specs(self) -> dict[str, Any]:
         return {spec.arg.name: spec for spec in self.program.graph_signature.input_specs}

@@ -199,4 +199,5 @@ def export_request(request: ExportRequest) -> list[Path]:
         context_length=request.sizes.get("S", DEFAULT_CONTEXT_LENGTH),
         external_data=request.external_data,
         quiet=request.quiet,
+        partitioner_options=request.partitioner_options,
     )

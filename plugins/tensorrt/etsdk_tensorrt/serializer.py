@@ -53,10 +53,12 @@ def build_at_export(options: BuildOptions) -> bool:
     return engine.tensorrt_importable() and device.gpu_present()
 
 
-def serialize(program: Any, signature: Any, specs: Mapping[str, bytes], named: NamedDataSink) -> bytes:
-    """The blob payload of one partition."""
+def serialize(
+    program: Any, signature: Any, specs: Mapping[str, bytes], named: NamedDataSink, report: engine.Say | None = None
+) -> bytes:
+    """The blob payload of one partition; ``report`` shows progress (default: stderr)."""
     options = BuildOptions.from_compile_specs(specs)
-    say = engine.progress_printer(options.progress)
+    say = engine.progress_printer(options.progress) if report is None else (report if options.progress else lambda _: None)
     workdir = Path(tempfile.mkdtemp(prefix="etsdk-tensorrt-"))
     try:
         partition = onnx_export.export(program, signature, workdir)
@@ -118,4 +120,6 @@ class _WriterSink:
 
 def preprocess(partition: Any) -> bytes:
     """Plugin API: ``preprocess(partition) -> payload``."""
-    return serialize(partition.program, partition.signature, partition.compile_specs, _WriterSink(partition.named_data))
+    return serialize(
+        partition.program, partition.signature, partition.compile_specs, _WriterSink(partition.named_data), partition.progress
+    )
