@@ -5,7 +5,10 @@
 ``etsdk demo``               export a small model through a backend and run it
 ``etsdk export``             export a model into a contract's programs (the plugin owning the contract does it)
 ``etsdk generate``           generate tokens with a program, through the runner registered for its contract
+``etsdk verify``             check a program and its data file completely (structure, content hashes, methods)
 ``etsdk --version``
+
+Errors on bad input are one line on stderr (``etsdk: error: ...``) and exit status 2.
 """
 
 from __future__ import annotations
@@ -76,8 +79,10 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from etsdk.generation import ExportRequest
+    from etsdk.lowering import check_output_path
     from etsdk.registry import get_runner
 
+    output = check_output_path(args.output, (Path(args.output).stem,) if args.external_data else ())
     spec = get_runner(args.contract)
     if spec.exporter is None:
         raise EtsdkError(f"the runner for contract '{args.contract}' cannot export models")
@@ -85,7 +90,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     sizes = {k: v for k, v in (("T", args.prefill_length), ("S", args.context_length)) if v is not None}
     request = ExportRequest(
         model=args.model,
-        output=Path(args.output),
+        output=output,
         backend=args.backend,
         method_backends=method_backends,
         sizes=sizes,
@@ -111,6 +116,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
     if (args.prompt is None) == (args.prompt_ids is None):
         raise EtsdkError("give exactly one of --prompt TEXT or --prompt-ids 1,2,3")
+    if args.max_new_tokens < 0:
+        raise EtsdkError(f"--max-new-tokens must be >= 0, found {args.max_new_tokens}")
     given_ids = _parse_ids(args.prompt_ids) if args.prompt_ids is not None else None
     sampling = Sampling(temperature=args.temperature, top_p=args.top_p, seed=args.seed)
     program = load(args.program, data=args.data if args.data is not None else data_beside(args.program))
@@ -149,6 +156,30 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             f"prefill {result.prefill_ms:.1f} ms; decode {result.decode_tokens_per_s:.1f} tokens/s]"
         )
     return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from etsdk.integrity import verify
+    from etsdk.program import data_beside
+
+    data = args.data if args.data is not None else data_beside(args.program)
+    report = verify(args.program, data, methods=not args.no_methods)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+        return 0 if report.ok else 1
+    counts: dict[str, int] = {}
+    for entry in report.entries:
+        counts[entry.status] = counts.get(entry.status, 0) + 1
+        if entry.status == "mismatch":
+            print(f"DAMAGED  {entry.file}: '{entry.key}' ({entry.size} bytes) hashes to {entry.found}")
+    for method, status in report.methods:
+        print(f"method {method}: {status}")
+    print(
+        f"{report.program}{' + ' + str(report.data) if report.data else ''}: structure ok; named data: "
+        f"{counts.get('ok', 0)} verified ({report.verified_bytes} bytes), {counts.get('mismatch', 0)} damaged, "
+        f"{counts.get('unverifiable', 0)} unverifiable (key is not a content hash)"
+    )
+    return 0 if report.ok else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -190,6 +221,13 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--seed", type=int, default=None)
     generate.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     generate.set_defaults(func=_cmd_generate)
+
+    verify = sub.add_parser("verify", help="check a program and its data file: structure, content hashes, methods")
+    verify.add_argument("program", help="the .pte")
+    verify.add_argument("--data", default=None, help="its .ptd (default: <stem>.ptd beside the .pte, if there is one)")
+    verify.add_argument("--no-methods", action="store_true", help="do not load the methods (no backend needed)")
+    verify.add_argument("--json", action="store_true", help="print the report as JSON")
+    verify.set_defaults(func=_cmd_verify)
     return parser
 
 
@@ -199,6 +237,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except EtsdkError as exc:
         print(f"etsdk: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # the disk or the file system refused (full disk, permissions, ...)
+        where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+        print(f"etsdk: error: {exc.strerror or exc}{where}", file=sys.stderr)
         return 2
 
 
