@@ -69,6 +69,7 @@ class Entry:
 class DataLayout:
     size: int
     entries: tuple[Entry, ...]
+    segments: tuple[tuple[int, int], ...] = ()  # (file offset, size)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +78,8 @@ class ProgramLayout:
     entries: tuple[Entry, ...]
     #: fully qualified names of tensors the program's own plan expects in external data
     external: tuple[str, ...]
+    segments: tuple[tuple[int, int], ...] = ()  # (file offset, size)
+    program_size: int = 0  # bytes of the flatbuffer at the start of the file
 
 
 def _pread(fd: int, size: int, offset: int, region: str) -> bytes:
@@ -171,7 +174,7 @@ def read_data_file(fd: int) -> DataLayout:
                 _check_tensor_layout(layout_table, layout[i])
     except FlatbufferError as exc:
         raise FormatError("flatbuffer", str(exc)) from None
-    return DataLayout(size, layout)
+    return DataLayout(size, layout, tuple((base + o, n) for o, n in segments))
 
 
 def _check_tensor_layout(table: Table, entry: Entry) -> None:
@@ -233,7 +236,7 @@ def read_program_file(fd: int) -> ProgramLayout:
             external += _check_plan(plan, p, constants, delegate_data, len(segments))
     except FlatbufferError as exc:
         raise FormatError("flatbuffer", str(exc)) from None
-    return ProgramLayout(size, entries, tuple(external))
+    return ProgramLayout(size, entries, tuple(external), tuple((base + o, n) for o, n in segments), program_size)
 
 
 def _constant_places(root: Table, segments: list[tuple[int, int]]) -> list[int]:
