@@ -287,8 +287,8 @@ def _check_plan(plan: Table, p: int, constants: list[int], delegate_data: int, s
                 "flatbuffer", f"{where}: planned memory {i} is {arenas[i]} bytes, its tensors need {needed}"
             )
     for side, field in (("input", 3), ("output", 4)):
-        for position, value in enumerate(plan.scalars(field, "i", f"{side}s") or ()):
-            index(value, f"{side} {position}")
+        for position, item in enumerate(plan.scalars(field, "i", f"{side}s") or ()):
+            index(item, f"{side} {position}")
     operators = plan.length(6, "operators")
     delegates = plan.tables(7, "delegates") or []
     for d, delegate in enumerate(delegates):
@@ -308,8 +308,8 @@ def _check_plan(plan: Table, p: int, constants: list[int], delegate_data: int, s
             spec.raw(1, "value")
     for c, chain in enumerate(plan.tables(5, "chains") or []):
         for side, field in (("input", 0), ("output", 1)):
-            for value in chain.scalars(field, "i", f"{side}s") or ():
-                index(value, f"chain {c} {side}")
+            for item in chain.scalars(field, "i", f"{side}s") or ():
+                index(item, f"chain {c} {side}")
         instructions = chain.tables(2, "instructions") or []
         for n, instruction in enumerate(instructions):
             kind, body = instruction.union(0, "instr_args")
