@@ -38,7 +38,7 @@ SEED = 14
 #: the core checks every delegate payload against the hash recorded at export from plugin API v2 on
 PAYLOAD_HASHED = etsdk.PLUGIN_API_VERSION >= 2
 FILES = [("ref_ext", "pte"), ("ref_ext", "ptd"), ("ref_emb", "pte"), ("mixed_ext", "pte"), ("mixed_ext", "ptd")]
-PER_REGION = {"ref_ext": 14, "ref_emb": 10, "mixed_ext": 7}
+PER_REGION = {"ref_ext": 10, "ref_emb": 6, "mixed_ext": 7}
 
 
 @pytest.fixture(scope="module")
