@@ -281,6 +281,15 @@ def test_command_line_misuse_is_one_line_errors(artifacts: dict[str, dict[str, A
     truncated.write_bytes(art["pte"].read_bytes()[:1000])
     a_file = tmp_path / "a_file"
     a_file.write_text("x")
+    damaged_model = tmp_path / "damaged-model"
+    try:
+        from etsdk_hf_static.tiny import save_tiny_model
+    except ImportError:
+        damaged_model = None
+    else:
+        save_tiny_model(damaged_model)
+        weights = damaged_model / "model.safetensors"
+        weights.write_bytes(b"\xff" * 16 + weights.read_bytes()[16:])  # a corrupt safetensors header
     argvs = [
         ["generate", ".", "--prompt-ids", "1"],
         ["generate", str(tmp_path / "missing.pte"), "--prompt-ids", "1"],
@@ -298,6 +307,9 @@ def test_command_line_misuse_is_one_line_errors(artifacts: dict[str, dict[str, A
         ["export", "--model", str(tmp_path), "-o", str(a_file / "model.pte")],
         ["export", "--model", str(tmp_path / "no-model"), "-o", str(tmp_path / "out" / "model.pte")],
     ]
+    if damaged_model is not None:
+        argvs.append(["export", "--model", str(damaged_model), "-o", str(tmp_path / "out" / "m.pte"), "--backend",
+                      "reference", "--quiet"])
     cases = [{"id": i, "kind": "cli", "argv": argv} for i, argv in enumerate(argvs)]
     results = run_cases(cases)
     for case in cases:
