@@ -173,3 +173,14 @@ def test_save_refuses_a_directory_in_the_way_before_writing(tmp_path: Path) -> N
     with pytest.raises(ExportError, match="it is a directory"):
         lowered.save(tmp_path / "model.pte")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pte"]
+
+
+def test_only_regular_files_are_loaded(tmp_path: Path) -> None:
+    fifo = tmp_path / "model.pte"
+    os.mkfifo(fifo)  # opening it for reading must not wait for a writer
+    with pytest.raises(etsdk.ProgramError, match="is not a regular file"):
+        etsdk.load(fifo)
+    with pytest.raises(etsdk.ProgramError, match="is a directory"):
+        etsdk.load(tmp_path)
+    with pytest.raises(etsdk.ProgramError, match="is not a regular file"):
+        etsdk.load("/dev/zero")

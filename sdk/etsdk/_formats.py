@@ -86,7 +86,10 @@ def _pread(fd: int, size: int, offset: int, region: str) -> bytes:
     chunks = []
     done = 0
     while done < size:
-        chunk = os.pread(fd, min(size - done, 1 << 24), offset + done)
+        try:
+            chunk = os.pread(fd, min(size - done, 1 << 24), offset + done)
+        except OSError as exc:
+            raise FormatError(region, f"cannot read the file: {exc.strerror or exc}") from None
         if not chunk:
             raise FormatError(region, f"the file ends at byte {offset + done}, {size - done} byte(s) short")
         chunks.append(chunk)

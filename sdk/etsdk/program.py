@@ -36,6 +36,7 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from stat import S_ISREG
 from typing import Any
 
 from etsdk._formats import DataLayout, FormatError, ProgramLayout, read_data_file, read_program_file
@@ -480,13 +481,17 @@ class _PinnedFile:
         if path.is_dir():
             raise ProgramError(f"{what} file {path} is a directory")
         try:
-            self.fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            # non-blocking: opening a FIFO must not wait for a writer (it is refused below)
+            self.fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
         except FileNotFoundError:
             raise ProgramError(f"{what} file not found: {path}") from None
         except OSError as exc:
             raise ProgramError(f"cannot open {what} file {path}: {exc.strerror or exc}") from None
         self.path = path
         stat = os.fstat(self.fd)
+        if not S_ISREG(stat.st_mode):
+            os.close(self.fd)
+            raise ProgramError(f"{what} file {path} is not a regular file")
         self.size, self.mtime = stat.st_size, stat.st_mtime_ns
         proc = f"/proc/self/fd/{self.fd}"
         # Linux: reopening /proc/self/fd/N opens the same file even if the path was replaced since.
