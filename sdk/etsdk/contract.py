@@ -350,10 +350,12 @@ class Contract:
                     )
                 for index, (w, g) in enumerate(zip(w_items, g_items)):
                     # a record written before value bounds existed carries none: the specification's applies
-                    bound_differs = g.bound is not None and g.bound != w.bound
-                    if bound_differs or (w.name, w.role, w.dtype, w.shape, w.state, w.alias) != (
-                        g.name, g.role, g.dtype, g.shape, g.state, g.alias
-                    ):
+                    if g.bound is not None and g.bound != w.bound:
+                        raise ContractError(
+                            f"method '{want.name}' {side[:-1]} {index} ('{g.name}'): expected values < {w.bound}, "
+                            f"found values < {g.bound}"
+                        )
+                    if (w.name, w.role, w.dtype, w.shape, w.state, w.alias) != (g.name, g.role, g.dtype, g.shape, g.state, g.alias):
                         raise ContractError(
                             f"method '{want.name}' {side[:-1]} {index}: expected {_describe(w)}, found {_describe(g)}"
                         )
@@ -463,8 +465,6 @@ def _check_state_side(states: Mapping[str, StateSpec], item: IOSpec, where: str,
 
 def _describe(io: IOSpec) -> str:
     text = f"'{io.name}' ({io.role.value}, {io.dtype} {list(io.shape)}"
-    if io.bound is not None:
-        text += f", values < {io.bound}"
     if io.state:
         text += f", state {io.state}"
     if io.alias:
