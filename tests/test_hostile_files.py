@@ -184,3 +184,34 @@ def test_only_regular_files_are_loaded(tmp_path: Path) -> None:
         etsdk.load(tmp_path)
     with pytest.raises(etsdk.ProgramError, match="is not a regular file"):
         etsdk.load("/dev/zero")
+
+
+def test_content_hash_check_names_the_damaged_entry(tmp_path: Path) -> None:
+    import hashlib
+
+    from etsdk._formats import Entry
+    from etsdk.integrity import IntegrityError, content_digest, hash_entries, raise_on_mismatch
+
+    data = os.urandom(3 << 20) + b"tail"
+    path = tmp_path / "blob.bin"
+    path.write_bytes(b"head" + data)
+    digest = hashlib.sha256(data).hexdigest()
+    entries = [Entry(f"etsdk_ref/{digest}", 4, len(data)), Entry("etsdk/program", 0, 4), Entry(digest, 4, len(data) - 1)]
+    assert content_digest(entries[0].key) == digest and content_digest("etsdk/program") is None
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        checks = hash_entries(fd, entries, "blob.bin")
+    finally:
+        os.close(fd)
+    assert [c.status for c in checks] == ["ok", "unverifiable", "mismatch"]
+    with pytest.raises(IntegrityError, match=r"blob.bin: named data '[0-9a-f]{64}' \(3145731 bytes\) is damaged"):
+        raise_on_mismatch(checks)
+
+
+def test_verify_reports_every_entry_and_method(pair: Path) -> None:
+    from etsdk.integrity import verify
+
+    report = verify(pair, pair.with_suffix(".ptd"))
+    assert report.ok and {e.status for e in report.entries} <= {"ok", "unverifiable"}
+    assert report.methods == (("forward", "loaded"),)
+    assert json.loads(json.dumps(report.to_json()))["ok"] is True

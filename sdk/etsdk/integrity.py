@@ -141,22 +141,33 @@ def verify(path: str | Path, data: str | Path | None = None, *, methods: bool = 
 
     Structural problems raise :class:`ProgramError` (as ``etsdk.load`` does);
     damaged entries are reported (``report.ok`` is False), not raised. With
-    ``methods``, every method is loaded, which checks each delegate's payload
-    and signature; a method whose backend is not installed is reported as
-    skipped.
+    ``methods``, the program is loaded and every method too, which checks each
+    delegate's payload and signature; methods whose backend is not installed
+    (or cannot run here) are reported as skipped. No backend is needed for the
+    rest.
     """
-    from etsdk.errors import BackendError
-    from etsdk.program import load
+    from etsdk.errors import BackendNotFoundError, BackendUnavailableError
+    from etsdk.program import _open_checked, load
 
-    program = load(path, data, verify=False)
-    entries = program._hash_entries()
+    checked = _open_checked(path, data)
+    try:
+        entries = hash_entries(checked.files.program.fd, checked.layout.entries, checked.path.name)
+        if checked.files.data is not None and checked.data_layout is not None and checked.data_path is not None:
+            entries += hash_entries(checked.files.data.fd, checked.data_layout.entries, checked.data_path.name)
+    finally:
+        checked.files.close()
     loaded: list[tuple[str, str]] = []
     if methods and all(e.status != "mismatch" for e in entries):
-        for method in program.methods:
-            try:
-                program.load_method(method)
-            except BackendError as exc:
-                loaded.append((method, f"skipped: {exc}"))
-            else:
-                loaded.append((method, "loaded"))
-    return VerifyReport(program.path, program.data, tuple(entries), tuple(loaded))
+        try:
+            program = load(path, data)
+        except (BackendNotFoundError, BackendUnavailableError) as exc:
+            loaded = [(method, f"skipped: {exc}") for method in checked.backends]
+        else:
+            for method in program.methods:
+                try:
+                    program.load_method(method)
+                except (BackendNotFoundError, BackendUnavailableError) as exc:
+                    loaded.append((method, f"skipped: {exc}"))
+                else:
+                    loaded.append((method, "loaded"))
+    return VerifyReport(checked.path, checked.data_path, tuple(entries), tuple(loaded))

@@ -226,18 +226,6 @@ class Program:
         if self._files is not None:
             self._files.check_unchanged("since it was loaded")
 
-    def _hash_entries(self) -> list[Any]:
-        """Every named-data entry of the pinned files, hashed (see :mod:`etsdk.integrity`)."""
-        from etsdk.integrity import hash_entries
-
-        if self._files is None or self._layout is None:
-            raise ProgramError(f"{self.path.name}: this program was not loaded from pinned files")
-        self._check_files()
-        checks = hash_entries(self._files.program.fd, self._layout.entries, self.path.name)
-        if self._files.data is not None and self._data_layout is not None and self.data is not None:
-            checks += hash_entries(self._files.data.fd, self._data_layout.entries, self.data.name)
-        return checks
-
     def _input_checks(self, method: str, info: MethodInfo) -> list[_InputCheck]:
         specs: tuple[IOSpec, ...] = ()
         contract = self.contract
