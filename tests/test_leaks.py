@@ -2,7 +2,9 @@
 
 A cycle loads a program, creates a session, runs prefill and two decode steps
 and drops everything. After warm-up cycles, hundreds more must not grow the
-resident set by more than a few MB nor leave a single file descriptor open.
+resident set by more than a few MB nor leave a single file descriptor open (a
+few new memory mappings are the allocator warming up; a per-cycle leak shows
+as hundreds).
 ``mixed_ext`` decodes with etsdk-aoti (AOTInductor on CPU): its user-managed
 constants and state re-binding are what leaked before (tests/_artifacts.py).
 """
@@ -80,7 +82,7 @@ def _measure(kind: str, cycles: int, tmp_path: Path) -> dict[str, float]:
 
 def test_reference_backend_cycles_are_flat(tmp_path: Path) -> None:
     grown = _measure("ref_ext", 300, tmp_path)
-    assert grown["fds"] == 0 and grown["maps"] <= 2 and grown["rss_mb"] < 10, grown
+    assert grown["fds"] == 0 and grown["maps"] <= 8 and grown["rss_mb"] < 10, grown
 
 
 def test_aoti_cycles_are_flat(tmp_path: Path) -> None:
@@ -91,4 +93,4 @@ def test_aoti_cycles_are_flat(tmp_path: Path) -> None:
             f"{grown}: the AOTI handle keeps the last Session, which owns the Program that owns the handle "
             "(a cycle through C++); plugin API v2 pushes state to bindings instead"
         )
-    assert grown["fds"] == 0 and grown["maps"] <= 2 and grown["rss_mb"] < 10, grown
+    assert grown["fds"] == 0 and grown["maps"] <= 8 and grown["rss_mb"] < 10, grown
