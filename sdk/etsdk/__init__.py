@@ -23,6 +23,7 @@ from etsdk.errors import (
     DelegateError,
     EtsdkError,
     ExportError,
+    IntegrityError,
     PluginConflictError,
     PluginError,
     PluginLoadError,
@@ -47,7 +48,8 @@ from etsdk.registry import (
 
 if TYPE_CHECKING:
     from etsdk.bridge import InitContext, NamedData
-    from etsdk.lowering import Lowered, MethodSource, lower
+    from etsdk.integrity import VerifyReport, verify
+    from etsdk.lowering import Lowered, MethodSource, check_output_path, lower
     from etsdk.program import Method, MethodInfo, Program, TensorInfo, data_beside, load
     from etsdk.quiet import quiet_command_line
     from etsdk.snapshot import Snapshot
@@ -65,6 +67,9 @@ _LAZY = {
     "Lowered": "etsdk.lowering",
     "MethodSource": "etsdk.lowering",
     "lower": "etsdk.lowering",
+    "check_output_path": "etsdk.lowering",
+    "verify": "etsdk.integrity",
+    "VerifyReport": "etsdk.integrity",
     "Method": "etsdk.program",
     "MethodInfo": "etsdk.program",
     "Program": "etsdk.program",
@@ -104,6 +109,7 @@ __all__ = [
     "EtsdkError",
     "ExportError",
     "InitContext",
+    "IntegrityError",
     "Lowered",
     "Method",
     "MethodInfo",
@@ -125,13 +131,16 @@ __all__ = [
     "StateView",
     "TensorInfo",
     "UnsupportedFeatureError",
+    "VerifyReport",
     "__version__",
+    "check_output_path",
     "data_beside",
     "dtype_name",
     "get_backend",
     "get_contract",
     "get_runner",
     "resolve_backend_id",
+    "verify",
     "ExportRequest",
     "GenerationError",
     "GenerationResult",

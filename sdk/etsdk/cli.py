@@ -8,7 +8,10 @@
 ``etsdk chat``               chat with a program in the terminal (the tokenizer's chat template; /rewind, /save, ...)
 ``etsdk new-backend NAME``   write a complete, pip-installable backend plugin that works at once
 ``etsdk conformance ID``     run the conformance kit against an installed backend
+``etsdk verify``             check a program and its data file completely (structure, content hashes, methods)
 ``etsdk --version``
+
+Errors on bad input are one line on stderr (``etsdk: error: ...``) and exit status 2.
 """
 
 from __future__ import annotations
@@ -81,8 +84,10 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from etsdk.generation import ExportRequest
+    from etsdk.lowering import check_output_path
     from etsdk.registry import get_runner
 
+    output = check_output_path(args.output, (Path(args.output).stem,) if args.external_data else ())
     spec = get_runner(args.contract)
     if spec.exporter is None:
         raise EtsdkError(f"the runner for contract '{args.contract}' cannot export models")
@@ -90,7 +95,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     sizes = {k: v for k, v in (("T", args.prefill_length), ("S", args.context_length)) if v is not None}
     request = ExportRequest(
         model=args.model,
-        output=Path(args.output),
+        output=output,
         backend=args.backend,
         method_backends=method_backends,
         sizes=sizes,
@@ -132,6 +137,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
     if (args.prompt is None) == (args.prompt_ids is None):
         raise EtsdkError("give exactly one of --prompt TEXT or --prompt-ids 1,2,3")
+    if args.max_new_tokens < 0:
+        raise EtsdkError(f"--max-new-tokens must be >= 0, found {args.max_new_tokens}")
     given_ids = _parse_ids(args.prompt_ids) if args.prompt_ids is not None else None
     sampling = Sampling(temperature=args.temperature, top_p=args.top_p, seed=args.seed)
     program = load(args.program, data=args.data if args.data is not None else data_beside(args.program))
@@ -202,6 +209,30 @@ def _cmd_conformance(args: argparse.Namespace) -> int:
             options[key] = value
     code = run(args.backend, options=options, report=args.report, extra_args=["-k", args.k] if args.k else ())
     return 0 if code == 0 else 1
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from etsdk.integrity import verify
+    from etsdk.program import data_beside
+
+    data = args.data if args.data is not None else data_beside(args.program)
+    report = verify(args.program, data, methods=not args.no_methods)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+        return 0 if report.ok else 1
+    counts: dict[str, int] = {}
+    for entry in report.entries:
+        counts[entry.status] = counts.get(entry.status, 0) + 1
+        if entry.status == "mismatch":
+            print(f"DAMAGED  {entry.file}: '{entry.key}' ({entry.size} bytes) hashes to {entry.found}")
+    for method, status in report.methods:
+        print(f"method {method}: {status}")
+    print(
+        f"{report.program}{' + ' + str(report.data) if report.data else ''}: structure ok; named data: "
+        f"{counts.get('ok', 0)} verified ({report.verified_bytes} bytes), {counts.get('mismatch', 0)} damaged, "
+        f"{counts.get('unverifiable', 0)} unverifiable (key is not a content hash)"
+    )
+    return 0 if report.ok else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -276,6 +307,12 @@ def build_parser() -> argparse.ArgumentParser:
     conformance.add_argument("--report", default=None, help="write the JSON report here")
     conformance.add_argument("-k", default=None, help="only behaviours whose test names match (pytest -k)")
     conformance.set_defaults(func=_cmd_conformance)
+    verify = sub.add_parser("verify", help="check a program and its data file: structure, content hashes, methods")
+    verify.add_argument("program", help="the .pte")
+    verify.add_argument("--data", default=None, help="its .ptd (default: <stem>.ptd beside the .pte, if there is one)")
+    verify.add_argument("--no-methods", action="store_true", help="do not load the methods (no backend needed)")
+    verify.add_argument("--json", action="store_true", help="print the report as JSON")
+    verify.set_defaults(func=_cmd_verify)
     return parser
 
 
@@ -295,6 +332,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except EtsdkError as exc:
         print(f"etsdk: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # the disk or the file system refused (full disk, permissions, ...)
+        where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+        print(f"etsdk: error: {exc.strerror or exc}{where}", file=sys.stderr)
         return 2
 
 

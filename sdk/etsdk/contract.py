@@ -13,12 +13,17 @@ Aliasing (idea 1 of DESIGN.md): an aliased output names its ``input``, a
 the storage lives), plus the stable ``state`` identity it updates. Inputs bound
 to a state and aliased outputs are *off-engine*: the core binds them from the
 session's storage; they are not passed through the ExecuTorch method.
+
+An engine input may declare ``bound``: its values must lie in ``[0, bound)``
+(positions against the cache rows ``S``, token ids against the vocabulary
+``V``). The core checks it before every call, for every backend.
 """
 
 from __future__ import annotations
 
 import enum
 import json
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -50,6 +55,16 @@ KNOWN_CONTRACT_FEATURES = frozenset(
 )
 DTYPES = frozenset({"float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool"})
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.{}]*$")
+#: where state storage may live: the CPU or a CUDA device
+_DEVICE = re.compile(r"^(cpu|cuda(:(0|[1-9][0-9]{0,3}))?)$")
+#: the values each dtype can hold exactly (initial values must be among them)
+_FLOAT_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38}
+_INT_RANGE = {
+    "bool": (0, 1), "uint8": (0, 255), "int8": (-128, 127), "int16": (-(1 << 15), (1 << 15) - 1),
+    "int32": (-(1 << 31), (1 << 31) - 1), "int64": (-(1 << 53), 1 << 53),  # larger ints are not exact as JSON numbers
+}
+#: deepest nesting accepted in free-form metadata (a record is written and read again as JSON)
+MAX_METADATA_DEPTH = 32
 
 
 class ContractError(EtsdkError):
@@ -124,6 +139,8 @@ class IOSpec:
     alias: Alias | None = None
     layer: int | None = None
     repeat: str | None = None
+    #: values must lie in [0, bound) (checked before every call); a dim name in a specification
+    bound: Dim | None = None
 
     @property
     def on_engine(self) -> bool:
@@ -226,6 +243,8 @@ class Contract:
             out = []
             for item in items:
                 shape = tuple(size(d, f"{where}.{item.name}") for d in item.shape)
+                if isinstance(item, IOSpec) and item.bound is not None:
+                    item = replace(item, bound=size(item.bound, f"{where}.{item.name}.bound"))
                 if item.repeat is None:
                     out.append(replace(item, shape=shape))
                     continue
@@ -330,6 +349,12 @@ class Contract:
                         f"record has {len(g_items)}"
                     )
                 for index, (w, g) in enumerate(zip(w_items, g_items)):
+                    # a record written before value bounds existed carries none: the specification's applies
+                    if g.bound is not None and g.bound != w.bound:
+                        raise ContractError(
+                            f"method '{want.name}' {side[:-1]} {index} ('{g.name}'): expected values < {w.bound}, "
+                            f"found values < {g.bound}"
+                        )
                     if (w.name, w.role, w.dtype, w.shape, w.state, w.alias) != (g.name, g.role, g.dtype, g.shape, g.state, g.alias):
                         raise ContractError(
                             f"method '{want.name}' {side[:-1]} {index}: expected {_describe(w)}, found {_describe(g)}"
@@ -403,6 +428,8 @@ class Contract:
             obj = json.loads(bytes(data).decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ContractError(f"{where}: not valid UTF-8 JSON: {exc}") from None
+        except RecursionError:
+            raise ContractError(f"{where}: JSON nested too deeply to be a contract") from None
         return cls.from_json(obj, where=where)
 
     @classmethod
@@ -446,7 +473,7 @@ class Contract:
             states=states,
             dims=dims,
             required_features=features,
-            metadata=p.obj(o.get("metadata", {}), "metadata"),
+            metadata=p.metadata(o.get("metadata", {}), "metadata"),
         )
         if contract.is_bound and not any(i.repeat for m in methods for i in (*m.inputs, *m.outputs)):
             try:
@@ -508,6 +535,8 @@ def _io_json(i: IOSpec) -> dict[str, Any]:
         out["layer"] = i.layer
     if i.repeat is not None:
         out["repeat"] = i.repeat
+    if i.bound is not None:
+        out["bound"] = i.bound
     return out
 
 
@@ -557,17 +586,56 @@ class _Parser:
             ) from None
 
     def dtype(self, value: Any, path: str) -> str:
-        if value not in DTYPES:
+        if not isinstance(value, str) or value not in DTYPES:
             raise ContractError(f"{self.where}.{path}: unknown dtype {value!r} (known: {', '.join(sorted(DTYPES))})")
         return str(value)
 
+    def dim(self, value: Any, path: str) -> Dim:
+        if isinstance(value, bool) or not isinstance(value, (int, str)) or (isinstance(value, int) and value < 0):
+            raise self._fail(path, "a non-negative integer or a dim name", value)
+        if isinstance(value, str) and not value:
+            raise self._fail(path, "a non-negative integer or a dim name", value)
+        return value
+
     def shape(self, value: Any, path: str) -> tuple[Dim, ...]:
-        dims: list[Dim] = []
-        for i, d in enumerate(self.sequence(value, path)):
-            if isinstance(d, bool) or not isinstance(d, (int, str)) or (isinstance(d, int) and d < 0):
-                raise self._fail(f"{path}[{i}]", "a non-negative integer or a dim name", d)
-            dims.append(d)
-        return tuple(dims)
+        return tuple(self.dim(d, f"{path}[{i}]") for i, d in enumerate(self.sequence(value, path)))
+
+    def metadata(self, value: Any, path: str) -> dict[str, Any]:
+        """Free-form JSON, nested at most :data:`MAX_METADATA_DEPTH` deep, without NaN or infinities."""
+        top = self.obj(value, path)
+        stack: list[tuple[Any, str, int]] = [(top, path, 1)]
+        while stack:
+            item, where, depth = stack.pop()
+            if depth > MAX_METADATA_DEPTH:
+                raise ContractError(f"{self.where}.{path}: nested deeper than {MAX_METADATA_DEPTH} levels (at {where})")
+            if isinstance(item, float) and not math.isfinite(item):
+                raise self._fail(where, "a finite number", item)
+            if isinstance(item, dict):
+                stack.extend((v, f"{where}.{k}", depth + 1) for k, v in item.items())
+            elif isinstance(item, list):
+                stack.extend((v, f"{where}[{i}]", depth + 1) for i, v in enumerate(item))
+        return top
+
+    def device(self, value: Any, path: str) -> str:
+        text = self.string(value, path)
+        if not _DEVICE.match(text):
+            raise ContractError(
+                f"{self.where}.{path}: unknown device {text!r} (expected 'cpu', 'cuda' or 'cuda:<index>')"
+            )
+        return text
+
+    def initial(self, value: Any, dtype: str, path: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise self._fail(path, "a number", value)
+        if not math.isfinite(value):
+            raise self._fail(path, "a finite number", value)
+        if dtype in _INT_RANGE:
+            low, high = _INT_RANGE[dtype]
+            if isinstance(value, float) and not value.is_integer() or not low <= value <= high:
+                raise self._fail(path, f"an integer in [{low}, {high}] for a {dtype} state", value)
+        elif dtype in _FLOAT_MAX and abs(value) > _FLOAT_MAX[dtype]:
+            raise self._fail(path, f"a number a {dtype} state can hold (magnitude <= {_FLOAT_MAX[dtype]:g})", value)
+        return float(value)
 
     def optional_int(self, value: Any, path: str) -> int | None:
         return None if value is None else self.integer(value, path)
@@ -597,21 +665,27 @@ class _Parser:
             alias=alias,
             layer=self.optional_int(o.get("layer"), f"{path}.layer"),
             repeat=None if o.get("repeat") is None else self.string(o.get("repeat"), f"{path}.repeat"),
+            bound=self._bound(o, path, output),
         )
+
+    def _bound(self, o: dict[str, Any], path: str, output: bool) -> Dim | None:
+        if o.get("bound") is None:
+            return None
+        if output or o.get("state") is not None:
+            raise ContractError(f"{self.where}.{path}.bound: only engine inputs take a value bound")
+        return self.dim(o["bound"], f"{path}.bound")
 
     def state(self, value: Any, path: str) -> StateSpec:
         o = self.obj(value, path)
-        initial = o.get("initial", 0.0)
-        if isinstance(initial, bool) or not isinstance(initial, (int, float)):
-            raise self._fail(f"{path}.initial", "a number", initial)
+        dtype = self.dtype(o.get("dtype"), f"{path}.dtype")
         return StateSpec(
             name=self.name(o.get("name"), f"{path}.name"),
             role=self.enum(Role, o.get("role"), f"{path}.role"),
-            dtype=self.dtype(o.get("dtype"), f"{path}.dtype"),
+            dtype=dtype,
             shape=self.shape(o.get("shape"), f"{path}.shape"),
-            initial=float(initial),
+            initial=self.initial(o.get("initial", 0.0), dtype, f"{path}.initial"),
             ownership=self.enum(Ownership, o.get("ownership", "caller"), f"{path}.ownership"),
-            device=self.string(o.get("device", "cpu"), f"{path}.device"),
+            device=self.device(o.get("device", "cpu"), f"{path}.device"),
             layer=self.optional_int(o.get("layer"), f"{path}.layer"),
             repeat=None if o.get("repeat") is None else self.string(o.get("repeat"), f"{path}.repeat"),
         )

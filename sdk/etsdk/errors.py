@@ -15,6 +15,7 @@ what was expected and what was found::
     │   ├── BridgeRegistryError      the runtime's backend registry refused a name
     │   └── DelegateError            a runtime binding raised inside init / execute
     ├── ProgramError                 a .pte / .ptd is malformed, missing or refused
+    │   └── IntegrityError           a named-data entry's bytes do not hash to its key
     ├── BlobFormatError              a delegate blob is malformed
     │   └── UnsupportedFeatureError  a blob requires a feature this reader lacks
     └── ExportError                  lowering a model failed
@@ -32,6 +33,7 @@ __all__ = [
     "DelegateError",
     "EtsdkError",
     "ExportError",
+    "IntegrityError",
     "PluginConflictError",
     "PluginError",
     "PluginLoadError",
@@ -117,6 +119,15 @@ class DelegateError(BackendError):
 
 class ProgramError(EtsdkError):
     """A program file (.pte) or its data file (.ptd) is malformed, missing or refused."""
+
+
+class IntegrityError(ProgramError):
+    """A named-data entry's bytes do not hash to the digest its key records (``file``, ``key``)."""
+
+    def __init__(self, message: str, *, file: str, key: str) -> None:
+        super().__init__(message)
+        self.file = file
+        self.key = key
 
 
 class BlobFormatError(EtsdkError):

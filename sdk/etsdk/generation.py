@@ -18,7 +18,11 @@ from pathlib import Path
 
 from etsdk.errors import EtsdkError
 
-__all__ = ["ExportRequest", "GenerationError", "GenerationResult", "Sampling"]
+__all__ = ["MIN_TEMPERATURE", "ExportRequest", "GenerationError", "GenerationResult", "Sampling"]
+
+
+#: the smallest non-zero sampling temperature (logits / temperature must stay finite in float32)
+MIN_TEMPERATURE = 1e-6
 
 
 class GenerationError(EtsdkError):
@@ -38,10 +42,24 @@ class Sampling:
     seed: int | None = None
 
     def __post_init__(self) -> None:
+        for name in ("temperature", "top_p"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise GenerationError(f"{name} must be a number, found {type(value).__name__} {value!r}")
         if not math.isfinite(self.temperature) or self.temperature < 0:
             raise GenerationError(f"temperature must be a finite number >= 0, found {self.temperature}")
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise GenerationError(
+                f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, found {self.temperature:g}: "
+                "smaller temperatures overflow the scaled logits; use 0 for greedy decoding"
+            )
         if not 0.0 < self.top_p <= 1.0:
             raise GenerationError(f"top_p must be in (0, 1], found {self.top_p}")
+        if self.seed is not None:
+            if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+                raise GenerationError(f"seed must be an integer, found {type(self.seed).__name__} {self.seed!r}")
+            if not 0 <= self.seed < 1 << 64:
+                raise GenerationError(f"seed must be an integer in [0, 2**64), found {self.seed}")
 
     @property
     def greedy(self) -> bool:

@@ -5,18 +5,42 @@ metadata, bind user-managed constants by name, run. Every call's error code is
 checked and turned into :class:`AotiError` with the library's last error text.
 The C API exposes no shapes; shapes are recorded at compile time by the
 serializer and checked by the runtime before anything is bound.
+
+Lifetimes (each found by a leak measurement, see tests/test_leaks.py):
+
+* A user-managed binding does not take the handle it is given: the container
+  makes its own handle to the tensor (``aoti_torch_new_tensor_handle``) and
+  never deletes it, neither when the constant is re-bound nor when the
+  container is deleted (torch 2.13, ``MaybeOwningAtenTensorHandle``). Each such
+  handle keeps the tensor's storage alive: the mapped ``.ptd`` for weights, the
+  session's storage for state. :class:`Library` therefore frees the handles it
+  passes right after binding, and frees the container's own handles of every
+  constant it binds once they are replaced or the container is deleted.
+* The library itself is never ``dlclose``'d: loads of one compiled library
+  (one cached file, see :func:`cached_library`) share one mapping through the
+  dynamic loader's reference count, and unloading code that OpenMP worker
+  threads may have run is not safe. Memory for code is bounded by the number
+  of distinct libraries a process loads.
+* The cached file is checked against its SHA-256 before every ``dlopen``; a
+  damaged or altered file is rewritten from the (verified) blob first.
 """
 
 from __future__ import annotations
 
 import ctypes
 import enum
+import hashlib
+import logging
+import os
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from etsdk import BackendError
+
+logger = logging.getLogger(__name__)
 
 _vp = ctypes.c_void_p
 _size = ctypes.c_size_t
@@ -68,6 +92,78 @@ def tensor_handles(tensors: Sequence[Any]) -> list[int]:
     return [_get_pointer(c, None) for c in torch._C._aoti.unsafe_alloc_void_ptrs_from_tensors(list(tensors))]
 
 
+def free_handles(handles: Sequence[int]) -> None:
+    """Delete AtenTensorHandles nobody else owns (each drops one reference to its tensor)."""
+    import torch
+
+    live = [h for h in handles if h]
+    if live:
+        # Stealing turns each handle into a Python tensor that deletes it when dropped.
+        torch._C._aoti.alloc_tensors_by_stealing_from_void_ptrs([_new_capsule(h, None, None) for h in live])
+
+
+def cached_library(data: memoryview | bytes, sha256: str | None = None) -> Path:
+    """The compiled library ``data`` as a file ``dlopen`` can load, cached by content and checked.
+
+    The cache file (``<cache>/aoti/<sha256>.so``) is hashed before it is
+    returned; a missing, truncated, damaged or altered file is (re)written from
+    ``data`` by an atomic rename, so a loaded library is always the bytes the
+    program carries. ``sha256`` is the hex digest of ``data`` when the caller
+    has it already; it is recomputed otherwise. ``data`` itself is trusted:
+    the core checks every delegate payload against the hash recorded at export.
+
+    The remaining race: a process that rewrites the cache file in place between
+    this check and ``dlopen`` is not detected (the file is private to the
+    user; etsdk itself only ever replaces it by rename).
+    """
+    from etsdk.bridge.build import cache_dir
+
+    digest = sha256 or hashlib.sha256(data).hexdigest()
+    if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+        raise AotiError(f"cached_library: sha256 must be 64 lowercase hex digits, found {digest!r}")
+    path = cache_dir() / "aoti" / f"{digest}.so"
+    if path.is_file():
+        found = _file_sha256(path)
+        if found == digest:
+            return path
+        logger.debug("etsdk-aoti: cached library %s is damaged (sha256 %s); rewriting it", path, found)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{digest[:16]}-", suffix=".so")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            written = _file_sha256(Path(tmp))
+            if written != digest:
+                raise AotiError(
+                    f"writing the compiled AOTInductor library to {tmp} gave sha256 {written}, expected {digest}"
+                )
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError as exc:
+        raise AotiError(f"cannot write the compiled AOTInductor library to {path.parent}: {exc}") from None
+    return path
+
+
+def _file_sha256(path: Path) -> str | None:
+    digest = hashlib.sha256()
+    try:
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
+class _MapEntry(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("handle", _vp)]
+
+
 class Library:
     """A loaded AOTInductor library and one model container on ``device``."""
 
@@ -89,6 +185,8 @@ class Library:
         self._run.argtypes = [_vp, ctypes.POINTER(_vp), _size, ctypes.POINTER(_vp), _size, _vp, _vp]
         self._in = (_vp * self.num_inputs)()
         self._out = (_vp * self.num_outputs)()
+        self._bound: set[str] = set()  # constant names bound user-managed (their container handles are ours to free)
+        self._fqns: dict[str, str] | None = None  # constant name -> original FQN, when FQNs identify constants
 
     def _check(self, code: int, what: str) -> None:
         if code != 0:
@@ -131,18 +229,55 @@ class Library:
         return out
 
     def bind_user_managed(self, pairs: Sequence[tuple[str, Any]]) -> None:
-        """Bind tensors as the constants' storage without copying; the container keeps them alive."""
+        """Bind tensors as the constants' storage without copying; the container keeps them alive.
+
+        Re-binding a constant releases the container's reference to the tensor
+        it replaces; :meth:`close` releases the rest.
+        """
         if not pairs:
             return
+        replaced = self._container_handles({name for name, _ in pairs} & self._bound)
         handles = tensor_handles([t for _, t in pairs])
         names = [name.encode() for name, _ in pairs]
         entries = (_Entry * len(pairs))(*[_Entry(n, h) for n, h in zip(names, handles)])
-        self._check(
-            self._lib.AOTInductorModelContainerUpdateUserManagedConstantBufferPairs(
-                self._handle, entries, len(pairs), False, False
-            ),
-            "binding constants",
-        )
+        try:
+            self._check(
+                self._lib.AOTInductorModelContainerUpdateUserManagedConstantBufferPairs(
+                    self._handle, entries, len(pairs), False, False
+                ),
+                "binding constants",
+            )
+        finally:
+            free_handles(handles)  # the container made its own handle to each tensor
+        self._bound.update(name for name, _ in pairs)
+        free_handles(replaced)  # only after a successful update: until then the container still uses them
+
+    def _container_handles(self, names: set[str]) -> list[int]:
+        """The container's own handles of the constants ``names`` (empty where they cannot be told apart)."""
+        if not names or not self._handle:
+            return []
+        try:
+            extract = self._lib.AOTInductorModelContainerExtractConstantsMapEntries
+        except AttributeError:
+            return []  # a library from an older torch: its handles stay with the container (leaked)
+        if self._fqns is None:
+            constants = [c for c in self.constants() if not c.folded]
+            fqns = [c.fqn for c in constants]
+            unique = bool(fqns) and all(fqns) and len(set(fqns)) == len(fqns)
+            self._fqns = {c.name: c.fqn for c in constants} if unique else {}
+        if not self._fqns:
+            return []
+        entries = ctypes.POINTER(_MapEntry)()
+        count = _size()
+        if extract(self._handle, ctypes.byref(entries), ctypes.byref(count), False) != 0:
+            return []
+        wanted = {self._fqns[name]: name for name in names if name in self._fqns}
+        found: list[int] = []
+        for i in range(count.value):
+            fqn = (entries[i].name or b"").decode(errors="replace")
+            if fqn in wanted and entries[i].handle:
+                found.append(entries[i].handle)
+        return found
 
     def run_constant_folding(self) -> None:
         self._check(self._lib.AOTInductorModelContainerRunConstantFolding(self._handle, False, None, None), "folding constants")
@@ -162,8 +297,11 @@ class Library:
 
     def close(self) -> None:
         if self._handle:
+            owned = self._container_handles(set(self._bound))
             self._lib.AOTInductorModelContainerDelete(self._handle)
             self._handle = _vp()
+            self._bound.clear()
+            free_handles(owned)  # the deleted container never frees the handles of user-managed constants
 
     def __del__(self) -> None:
         try:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import etsdk
-from etsdk import Contract, ExportError, ExportRequest, MethodSource
+from etsdk import Contract, ExportError, ExportRequest, MethodSource, check_output_path
 
 from etsdk_hf_static.metadata import CONTRACT_NAME, HfStaticMetadata
 from etsdk_hf_static.module import StaticCausalLM, causal_mask, state_fqns
@@ -45,8 +45,10 @@ def _load_model(model: Any, quiet: bool) -> tuple[Any, Path | None]:
     _say(f"loading {directory}", quiet)
     try:
         loaded = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
-    except (OSError, ValueError) as exc:
-        raise ExportError(f"transformers could not load a causal LM from {directory}: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - e.g. SafetensorError from a damaged weights file: one clear error
+        raise ExportError(
+            f"transformers could not load a causal LM from {directory}: {type(exc).__name__}: {exc}"
+        ) from exc
     return loaded.eval(), directory
 
 
@@ -139,7 +141,7 @@ def export(
     import torch
 
     started = time.perf_counter()
-    output = Path(output)
+    output = check_output_path(output, (Path(output).stem,) if external_data else ())
     chosen = {  # before loading anything: a mistyped backend fails fast
         "prefill": etsdk.resolve_backend_id(prefill_backend or backend),
         "decode": etsdk.resolve_backend_id(decode_backend or backend),
