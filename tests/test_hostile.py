@@ -28,15 +28,12 @@ import random
 from pathlib import Path
 from typing import Any
 
-import etsdk
 import pytest
 
 from tests._artifacts import artifact
 from tests._hostile import Region, describe, mutations, ptd_regions, pte_regions, run_cases
 
 SEED = 14
-#: the core checks every delegate payload against the hash recorded at export from plugin API v2 on
-PAYLOAD_HASHED = etsdk.PLUGIN_API_VERSION >= 2
 FILES = [("ref_ext", "pte"), ("ref_ext", "ptd"), ("ref_emb", "pte"), ("mixed_ext", "pte"), ("mixed_ext", "ptd")]
 PER_REGION = {"ref_ext": 10, "ref_emb": 6, "mixed_ext": 7}
 
@@ -84,18 +81,13 @@ def _check(cases: list[tuple[dict[str, Any], Region | None]], results: dict[int,
         result = results[case["id"]]
         outcome = result["outcome"]
         if outcome in ("crash", "hang", "foreign"):
-            if region is not None and region.payload and not PAYLOAD_HASHED:
-                continue  # reported by test_delegate_payload_flips below
             problems.append(describe(case, result))
         elif outcome == "refused" and result.get("lines", 1) != 1:
-            if region is not None and region.payload and not PAYLOAD_HASHED:
-                continue  # a damaged payload reached the plugin, whose own message may span lines
             problems.append(describe(case, result) + " (refusal is not one line)")
         elif outcome == "wrong":
             default_load_of_weights = region is not None and region.weights and not case["verify"]
             unhashed = region is not None and region.weights and not content_hashes
-            unchecked_payload = region is not None and region.payload and not PAYLOAD_HASHED
-            if not (default_load_of_weights or unhashed or unchecked_payload):
+            if not (default_load_of_weights or unhashed):
                 problems.append(describe(case, result) + " (silently wrong output)")
     return problems
 
@@ -127,8 +119,7 @@ def test_flips_and_truncations_are_refused_or_harmless(
 
 def test_weight_flips_are_refused_with_verify(artifacts: dict[str, dict[str, Any]]) -> None:
     art = artifacts["ref_ext"]
-    if not _keys_are_content_hashes(art):
-        pytest.xfail("this build's named-data keys are not content hashes yet (they are from plugin API v2 on)")
+    assert _keys_are_content_hashes(art), "every named-data key etsdk writes is a content hash"
     data = art["ptd"].read_bytes()
     (weights,) = [r for r in ptd_regions(art["ptd"]) if r.weights]
     rng = random.Random(SEED)
@@ -158,8 +149,6 @@ def test_delegate_payload_flips(artifacts: dict[str, dict[str, Any]]) -> None:
         case["id"] = i
     results = run_cases(cases)
     bad = [describe(c, results[c["id"]]) for c in cases if results[c["id"]]["outcome"] not in ("same", "refused")]
-    if bad and not PAYLOAD_HASHED:
-        pytest.xfail("delegate payloads are hashed by the core from plugin API v2 on:\n" + "\n".join(bad[:10]))
     assert not bad, "\n".join(bad)
 
 

@@ -17,9 +17,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import etsdk
-import pytest
-
 from tests._artifacts import artifact
 from tests._hostile import worker_env
 
@@ -88,9 +85,4 @@ def test_reference_backend_cycles_are_flat(tmp_path: Path) -> None:
 def test_aoti_cycles_are_flat(tmp_path: Path) -> None:
     """300 cycles of a program that decodes with etsdk-aoti: RSS grows < 10 MB, no descriptor, no mapping left."""
     grown = _measure("mixed_ext", 300, tmp_path)
-    if grown["fds"] > 0 and etsdk.PLUGIN_API_VERSION < 2:
-        pytest.xfail(
-            f"{grown}: the AOTI handle keeps the last Session, which owns the Program that owns the handle "
-            "(a cycle through C++); plugin API v2 pushes state to bindings instead"
-        )
     assert grown["fds"] == 0 and grown["maps"] <= 8 and grown["rss_mb"] < 10, grown

@@ -193,7 +193,7 @@ class BlobReader:
             )
         try:
             header = json.loads(bytes(view[_FIXED.size : _FIXED.size + header_len]).decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
             raise BlobFormatError(f"blob header is not valid UTF-8 JSON: {exc}") from None
         if not isinstance(header, dict):
             raise BlobFormatError(f"blob header must be a JSON object, found {type(header).__name__}")
@@ -242,7 +242,7 @@ class BlobReader:
             raise BlobFormatError("not an etsdk blob (bad magic or header length)")
         try:
             header = json.loads(bytes(view[_FIXED.size : _FIXED.size + header_len]).decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
             raise BlobFormatError(f"blob header is not valid UTF-8 JSON: {exc}") from None
         if not isinstance(header, dict):
             raise BlobFormatError("blob header must be a JSON object")

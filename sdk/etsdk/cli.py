@@ -9,6 +9,7 @@
 ``etsdk new-backend NAME``   write a complete, pip-installable backend plugin that works at once
 ``etsdk conformance ID``     run the conformance kit against an installed backend
 ``etsdk verify``             check a program and its data file completely (structure, content hashes, methods)
+``etsdk inspect PTE``        what a program holds: delegates per method, claimed operators, state, named data
 ``etsdk --version``
 
 Errors on bad input are one line on stderr (``etsdk: error: ...``) and exit status 2.
@@ -195,6 +196,15 @@ def _cmd_new_backend(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from etsdk.inspection import inspect_program
+    from etsdk.program import data_beside
+
+    report = inspect_program(args.program, args.data if args.data is not None else data_beside(args.program))
+    print(json.dumps(report.to_json(), indent=2) if args.json else report.render())
+    return 0
+
+
 def _cmd_conformance(args: argparse.Namespace) -> int:
     from etsdk.conformance import run
 
@@ -301,6 +311,12 @@ def build_parser() -> argparse.ArgumentParser:
     scaffold.add_argument("--dir", default=".", help="where to create etsdk-NAME/ (default: the current directory)")
     scaffold.set_defaults(func=_cmd_new_backend)
 
+    inspect = sub.add_parser("inspect", help="show what a program holds, without running it")
+    inspect.add_argument("program", help="the .pte")
+    inspect.add_argument("--data", default=None, help="its .ptd (default: <stem>.ptd beside the .pte, if there is one)")
+    inspect.add_argument("--json", action="store_true", help="print one JSON object")
+    inspect.set_defaults(func=_cmd_inspect)
+
     conformance = sub.add_parser("conformance", help="run the conformance kit against installed backends")
     conformance.add_argument("backend", nargs="+", help="backend ids or short names")
     conformance.add_argument("--option", action="append", default=[], help="partitioner option key=value (JSON value)")
@@ -324,7 +340,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command in ("export", "generate", "chat", "demo"):
+    if args.command in ("export", "generate", "chat", "demo", "inspect", "verify", "new-backend"):
         from etsdk.quiet import quiet_command_line
 
         quiet_command_line(verbose=getattr(args, "verbose", False))  # this process only: the library never does

@@ -10,12 +10,9 @@ to see which plugin a program needs.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-from etsdk.errors import ProgramError
 
 __all__ = ["DelegateReport", "MethodReport", "NamedDataReport", "ProgramReport", "inspect_program"]
 
@@ -118,35 +115,20 @@ def _provider(backend: str, builtin: set[str]) -> str:
     return "ExecuTorch runtime" if backend in builtin else "not installed: no plugin provides it"
 
 
-def _entries(path: Path, reader: Any) -> list[NamedDataReport]:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        layout = reader(fd)
-    except ValueError as exc:
-        raise ProgramError(f"{path}: {exc}") from None
-    finally:
-        os.close(fd)
-    return [NamedDataReport(e.key, e.size, path.name) for e in layout.entries]
-
-
 def inspect_program(path: str | Path, data: str | Path | None = None) -> ProgramReport:
-    """Read ``path`` (and its ``.ptd``) without loading any backend; raises ProgramError for a bad file."""
-    from etsdk._formats import read_data_file, read_program_file
-    from etsdk.bridge import runtime_backend_names
-    from etsdk.bridge.build import load_extension
-    from etsdk.signature import PROGRAM_RECORD_KEY, ProgramRecord
+    """Read ``path`` (and its ``.ptd``) without loading any backend; raises ProgramError for a bad file.
 
-    path = Path(path)
-    if not path.is_file():
-        raise ProgramError(f"program file not found: {path}")
-    try:
-        listing, record_bytes = load_extension().inspect_program(str(path), PROGRAM_RECORD_KEY)
-    except (ValueError, OSError) as exc:
-        raise ProgramError(f"{path} is not a valid ExecuTorch program: {exc}") from None
-    record = ProgramRecord.from_bytes(record_bytes, path.name) if record_bytes is not None else None
+    The files go through the same checks ``etsdk.load`` makes before the runtime reads them.
+    """
+    from etsdk.bridge import runtime_backend_names
+    from etsdk.program import open_checked
+
+    checked = open_checked(path, data, check_contract=False)
+    checked.files.close()
+    record = checked.record
     builtin = set(runtime_backend_names())
     methods = []
-    for method, backends in listing:
+    for method, backends in checked.backends.items():
         ours = list(record.methods.get(method, ())) if record is not None else []
         delegates = []
         for backend in backends:
@@ -155,7 +137,7 @@ def inspect_program(path: str | Path, data: str | Path | None = None) -> Program
                 signature = ours.pop(0).signature
             delegates.append(DelegateReport(backend, _provider(backend, builtin), signature))
         methods.append(MethodReport(method, tuple(delegates)))
-    named = _entries(path, read_program_file)
-    if data is not None:
-        named += _entries(Path(data), read_data_file)
-    return ProgramReport(str(path), path.stat().st_size, tuple(methods), record, tuple(named))
+    named = [NamedDataReport(e.key, e.size, checked.path.name) for e in checked.layout.entries]
+    if checked.data_layout is not None and checked.data_path is not None:
+        named += [NamedDataReport(e.key, e.size, checked.data_path.name) for e in checked.data_layout.entries]
+    return ProgramReport(str(checked.path), checked.layout.size, tuple(methods), record, tuple(named))

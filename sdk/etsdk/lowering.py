@@ -230,7 +230,7 @@ def lower(
 
     model = model_fingerprint(exported.values(), {fqn for s in methods.values() for fqn in s.state}, contract)
     context.progress("lowering to edge and partitioning")
-    with context:
+    with context, _os_errors_as_export_errors("lowering"):
         edge = to_edge_transform_and_lower(
             exported,
             partitioner=partitioners,
@@ -262,9 +262,19 @@ def lower(
         raise ExportError("this executorch release has no program-level named data store; etsdk needs executorch==1.5.1")
     store.add_named_data(PROGRAM_RECORD_KEY, record.to_bytes())
     context.progress("emitting the ExecuTorch program")
-    manager = edge.to_executorch(ExecutorchBackendConfig(extract_delegate_segments=True))
+    with _os_errors_as_export_errors("emitting the program"):
+        manager = edge.to_executorch(ExecutorchBackendConfig(extract_delegate_segments=True))
     context.progress("ready to write")
     return Lowered(manager, record=record, quiet=quiet)
+
+
+@contextlib.contextmanager
+def _os_errors_as_export_errors(stage: str) -> Iterator[None]:
+    """ExecuTorch and compilers write temporary files: a full disk or a file-size limit is an ExportError."""
+    try:
+        yield
+    except OSError as exc:
+        raise ExportError(f"{stage} failed: {type(exc).__name__}: {exc}") from exc
 
 
 def _keyed_options(backends: tuple[str, ...], options: Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:

@@ -375,7 +375,7 @@ def load(path: str | Path, data: str | Path | None = None, *, verify: bool = Fal
     Raises :class:`ProgramError` for a missing, unreadable or corrupted file and
     :class:`BackendNotFoundError` for a backend id nothing installed provides.
     """
-    checked = _open_checked(path, data)
+    checked = open_checked(path, data)
     try:
         if verify:
             from etsdk.integrity import hash_entries, raise_on_mismatch
@@ -426,8 +426,12 @@ class _Checked:
     bounds: dict[str, dict[int, int]]
 
 
-def _open_checked(path: str | Path, data: str | Path | None) -> _Checked:
-    """Open, pin and check the files (everything before backends are resolved)."""
+def open_checked(path: str | Path, data: str | Path | None, *, check_contract: bool = True) -> _Checked:
+    """Open, pin and check the files (everything before backends are resolved; ``etsdk inspect`` stops here).
+
+    ``check_contract``: also check the embedded contract against the installed specification.
+    The caller closes ``result.files``.
+    """
     from etsdk.bridge.build import load_extension
 
     path = Path(path)
@@ -458,7 +462,7 @@ def _open_checked(path: str | Path, data: str | Path | None) -> _Checked:
         except RecursionError:
             raise ProgramError(f"{path.name}: the etsdk program record is nested too deeply") from None
         bounds: dict[str, dict[int, int]] = {}
-        if record is not None and record.contract is not None:
+        if check_contract and record is not None and record.contract is not None:
             bounds = _check_contract(record.contract, path)
         files.check_unchanged("while it was checked")
     except BaseException:
@@ -560,7 +564,7 @@ def _check_contract(record: Contract, path: Path) -> dict[str, dict[int, int]]:
 
 
 def _check_engine_io(program: Program, contract: Contract) -> None:
-    """Every method the contract names exists, and its engine inputs / outputs match, index by index."""
+    """Every method the contract names exists, and its engine inputs / outputs match (the one engine-I/O check)."""
     from etsdk.dtypes import dtype_name
 
     for spec in contract.methods:
@@ -570,19 +574,9 @@ def _check_engine_io(program: Program, contract: Contract) -> None:
                 f"the program has {', '.join(program.methods)}"
             )
         info = program.method_info(spec.name)
-        for side, wanted, found in (
-            ("input", spec.engine_inputs, info.inputs),
-            ("output", spec.engine_outputs, info.outputs),
-        ):
-            if len(wanted) != len(found):
-                raise ContractError(
-                    f"{program.path.name}: method '{spec.name}' has {len(found)} {side}(s), contract "
-                    f"'{contract.name}' binds {len(wanted)} through the engine ({', '.join(w.name for w in wanted)})"
-                )
-            for index, (want, got) in enumerate(zip(wanted, found)):
-                got_desc = f"{dtype_name(got.dtype)} {list(got.shape)}" if got is not None else "a non-tensor value"
-                if got is None or (dtype_name(got.dtype), got.shape) != (want.dtype, tuple(want.shape)):
-                    raise ContractError(
-                        f"{program.path.name}: method '{spec.name}' {side} {index} ('{want.name}', role "
-                        f"{want.role.value}): expected {want.dtype} {list(want.shape)}, found {got_desc}"
-                    )
+        contract.check_engine_io(
+            spec.name,
+            [None if t is None else (dtype_name(t.dtype), t.shape) for t in info.inputs],
+            [None if t is None else (dtype_name(t.dtype), t.shape) for t in info.outputs],
+            where=program.path.name,
+        )

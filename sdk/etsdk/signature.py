@@ -285,7 +285,7 @@ def unwrap_blob(blob: memoryview | bytes, where: str) -> tuple[str, memoryview]:
     reader = BlobReader(blob, known_features={DELEGATE_FEATURE})
     try:
         header = json.loads(bytes(reader.section(DELEGATE_SECTION)).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ProgramError(f"{where}: delegate header is not valid JSON: {exc}") from None
     uid = header.get("uid") if isinstance(header, dict) else None
     if not isinstance(uid, str) or not uid:

@@ -116,7 +116,7 @@ def cached_library(data: memoryview | bytes, sha256: str | None = None) -> Path:
     this check and ``dlopen`` is not detected (the file is private to the
     user; etsdk itself only ever replaces it by rename).
     """
-    from etsdk.bridge.build import cache_dir
+    from etsdk.backend import cache_dir
 
     digest = sha256 or hashlib.sha256(data).hexdigest()
     if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):

@@ -20,44 +20,35 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from etsdk import BackendUnavailableError, BlobFormatError, ProgramError
-from etsdk.backend import BlobReader, InitContext, cache_dir, dtype_name, torch_dtype
+from etsdk.backend import BlobReader, InitContext, dtype_name, torch_dtype
 
 from etsdk_aoti import BACKEND_ID, BLOB_FEATURE, weights
-from etsdk_aoti.library import ConstantKind, Library
+from etsdk_aoti.library import ConstantKind, Library, cached_library
 
 _MAY_BE_ABSENT = {ConstantKind.BUFFER.value, ConstantKind.TENSOR_CONSTANT.value, ConstantKind.FOLDED.value}
 
 
 def _library_file(data: memoryview, expected: str) -> Path:
-    """The compiled library on disk (dlopen needs a file), cached by content; its hash checked first."""
+    """The compiled library on disk (dlopen needs a file): its bytes checked against the blob's record first."""
     digest = hashlib.sha256(data).hexdigest()
     if digest != expected:
         raise BlobFormatError(
             f"etsdk-aoti: the compiled library's SHA-256 is {digest[:16]}..., the blob records {expected[:16]}...; "
             "refusing to load a damaged library"
         )
-    path = cache_dir() / "aoti" / f"{digest[:32]}.so"
-    if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".so")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    return path
+    return cached_library(data, digest)
 
 
 def _json(reader: BlobReader, name: str) -> Any:
     try:
         return json.loads(bytes(reader.section(name)).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise BlobFormatError(f"etsdk-aoti blob section '{name}' is not valid JSON: {exc}") from None
 
 

@@ -72,8 +72,9 @@ class NamedData:
             return memoryview(self._native.get(key))
         except KeyError:
             raise ProgramError(
-                f"named data '{key}' is in neither the program nor its data file; if the program was "
-                "exported with external weights, pass its .ptd: etsdk.load(path, data='model.ptd')"
+                f"named data '{key}' is in neither the program nor the data file given: a program exported with "
+                "external weights needs its .ptd (etsdk.load(path, data=...)); with one given, the files are damaged "
+                "or do not belong together (etsdk verify checks them)"
             ) from None
 
     def get_tensor(self, key: str, dtype: Any, shape: tuple[int, ...]) -> Any:
@@ -168,9 +169,9 @@ class _PendingError:
             return self.error
         tb = "".join(traceback.format_exception(type(self.error), self.error, self.error.__traceback__))
         where = f" in method '{self.method}'" if self.method else ""
+        text = " | ".join(line.strip() for line in str(self.error).splitlines() if line.strip())
         err = DelegateError(
-            f"backend '{self.backend_id}' raised {type(self.error).__name__} during {self.phase}{where}: "
-            f"{self.error}",
+            f"backend '{self.backend_id}' raised {type(self.error).__name__} during {self.phase}{where}: {text}",
             backend_id=self.backend_id,
             method=self.method,
             phase=self.phase,

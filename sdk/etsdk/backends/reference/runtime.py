@@ -252,7 +252,7 @@ class ReferenceBinding:
         reader = BlobReader(context.blob, known_features={GRAPH_FEATURE})
         try:
             document = json.loads(bytes(reader.section(GRAPH_SECTION)).decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
             raise BlobFormatError(f"reference graph section is not valid JSON: {exc}") from None
         try:
             program = _Program(document, context)
