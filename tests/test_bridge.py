@@ -268,7 +268,7 @@ def test_missing_files_are_clear_errors(programs: dict[str, Path], tmp_path: Pat
         etsdk.load(programs["external"], data=tmp_path / "nope.ptd")
     # the program needs its .ptd but none was given
     program = etsdk.load(programs["external"])
-    with pytest.raises(etsdk.ProgramError, match="pass its .ptd"):
+    with pytest.raises(etsdk.ProgramError, match="needs its .ptd"):
         program.load_method("forward")
 
 

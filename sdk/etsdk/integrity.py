@@ -138,9 +138,9 @@ def verify(path: str | Path, data: str | Path | None = None, *, methods: bool = 
     rest.
     """
     from etsdk.errors import BackendNotFoundError, BackendUnavailableError
-    from etsdk.program import _open_checked, load
+    from etsdk.program import load, open_checked
 
-    checked = _open_checked(path, data)
+    checked = open_checked(path, data)
     try:
         entries = hash_entries(checked.files.program.fd, checked.layout.entries, checked.path.name)
         if checked.files.data is not None and checked.data_layout is not None and checked.data_path is not None:

@@ -40,6 +40,7 @@ from typing import Any, Protocol
 
 from etsdk.errors import BridgeRegistryError, DelegateError, EtsdkError, ProgramError
 from etsdk.signature import DelegateSignature, ProgramRecord, StateBinding, unwrap_blob
+from etsdk.state import current_session
 
 __all__ = [
     "DelegateHandle",
@@ -327,16 +328,14 @@ class _Dispatcher:
 class _Stateless:
     """A handle of a delegate that binds no state: ``execute(args)`` from the bridge -> ``execute(args, ())``."""
 
-    __slots__ = ("handle", "execute")
+    __slots__ = ("handle", "inner")
 
     def __init__(self, handle: Any) -> None:
         self.handle = handle
-        inner = handle.execute
+        self.inner = handle.execute
 
-        def execute(args: tuple[Any, ...]) -> None:
-            inner(args, ())
-
-        self.execute = execute
+    def execute(self, args: tuple[Any, ...]) -> None:
+        self.inner(args, ())
 
     def destroy(self) -> None:
         destroy = getattr(self.handle, "destroy", None)
@@ -349,28 +348,24 @@ class _StatePush(_Stateless):
 
     The tuple is resolved once per session and kept with a weak reference to
     that session (never the session itself: a loaded program must not keep its
-    sessions alive).
+    sessions alive). No reference cycle either: the native bridge frees this
+    object when the method is destroyed.
     """
 
     __slots__ = ("names", "session", "state")
 
     def __init__(self, handle: Any, states: tuple[StateBinding, ...]) -> None:
-        self.handle = handle
+        super().__init__(handle)
         self.names = tuple(s.state for s in states)
         self.session: Any = None
         self.state: tuple[Any, ...] = ()
-        inner = handle.execute
 
-        def execute(args: tuple[Any, ...]) -> None:
-            from etsdk.state import current_session
-
-            session = current_session()
-            if self.session is None or self.session() is not session:
-                self.state = tuple(session.tensor(name) for name in self.names)
-                self.session = weakref.ref(session)
-            inner(args, self.state)
-
-        self.execute = execute
+    def execute(self, args: tuple[Any, ...]) -> None:
+        session = current_session()
+        if self.session is None or self.session() is not session:
+            self.state = tuple(session.tensor(name) for name in self.names)
+            self.session = weakref.ref(session)
+        self.inner(args, self.state)
 
 
 _lock = threading.Lock()
