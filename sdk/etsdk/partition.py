@@ -113,6 +113,10 @@ class NamedDataWriter:
         return self._store.get_named_data_store_output()
 
 
+def _silent(stage: str) -> None:
+    """Progress nobody shows (a partition built outside ``etsdk.lower``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Partition:
     """One partition to compile, as ``preprocess(partition)`` receives it.
@@ -133,7 +137,7 @@ class Partition:
     signature: DelegateSignature
     compile_specs: Mapping[str, bytes]
     named_data: NamedDataWriter
-    reporter: Callable[[str], None] = field(default=lambda stage: None, repr=False)
+    reporter: Callable[[str], None] = field(default=_silent, repr=False)
 
     def progress(self, stage: str) -> None:
         """Report ``stage`` of this partition's compilation (shown unless the export is quiet)."""
