@@ -70,7 +70,7 @@ def mixed_pte(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
         cache=tmp_path_factory.mktemp("cli-engines"),
     )
     assert result.returncode == 0, result.stderr[-4000:]
-    assert "compiling" in result.stderr and "etsdk-tensorrt: building the engine" in result.stderr
+    assert "compiling" in result.stderr and "EtsdkTensorRTBackend: building the engine" in result.stderr
     return out
 
 
