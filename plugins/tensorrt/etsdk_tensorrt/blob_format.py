@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from etsdk import BlobFormatError, BlobReader, BlobWriter
+from etsdk.backend import ArgSpec
 
 BLOB_FEATURE = "tensorrt.blob.v1"
 ENGINE_FEATURE = "tensorrt.engine.v1"
@@ -50,14 +51,8 @@ ALIAS_KINDS = tuple(ALIAS_FEATURES)
 OWNERSHIP = "caller"
 
 
-@dataclass(frozen=True, slots=True)
-class TensorSpec:
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-
-    def describe(self) -> str:
-        return f"'{self.name}' {self.dtype} {list(self.shape)}"
+#: An engine I/O tensor: the core's ArgSpec (name, dtype name, shape), one description for both.
+TensorSpec = ArgSpec
 
 
 @dataclass(frozen=True, slots=True)
