@@ -31,27 +31,37 @@ def test_scoped_to_the_thread_and_restored() -> None:
     assert builder._clone_input is original
 
 
-_MEASURE = """
-import resource, sys, torch
-from etsdk.tracing import weights_shared_while_tracing
-model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(16)]).eval()   # 268 MB
-weights = sum(p.numel() * 4 for p in model.parameters())
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-guard = weights_shared_while_tracing() if sys.argv[1] == "shared" else torch.no_grad()
-with guard:
-    torch.export.export(model, (torch.randn(1, 2048),), strict=True)
-print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before) / weights)
-"""
+def _parameter_bytes_cloned(shared: bool) -> tuple[int, int]:
+    """Bytes of parameters that reached Dynamo's real-value clone during a strict export, and the weights' size.
+
+    Counts at the mechanism instead of measuring RSS: peak RSS growth per weight byte was 2.3 here and 0.8 on the
+    CI machine for the same export (allocator and memory-pressure dependent); benchmarks/*_export_memory.py
+    measure the RSS effect on real models.
+    """
+    model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(4)]).eval()
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    original, seen = builder._clone_input, [0]
+
+    def counting(value, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if isinstance(value, torch.nn.Parameter):
+            seen[0] += value.numel() * value.element_size()
+        return original(value, *args, **kwargs)
+
+    builder._clone_input = counting
+    try:
+        guard = weights_shared_while_tracing() if shared else torch.no_grad()
+        example = torch.randn(2, 64)
+        with guard:
+            exported = torch.export.export(model, (example,), strict=True)
+        assert builder._clone_input is counting  # the block restored what it found
+    finally:
+        builder._clone_input = original
+    torch.testing.assert_close(exported.module()(example), model(example))  # sharing changes nothing in the result
+    return seen[0], weights
 
 
-def _growth(mode: str) -> float:
-    result = subprocess.run([sys.executable, "-c", _MEASURE, mode], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    return float(result.stdout.strip().splitlines()[-1])
-
-
-def test_strict_export_peak_memory_without_the_weight_copy() -> None:
-    """Peak RSS growth of a strict export, per byte of weights: about 1.3 without sharing; with it only the fixed cost of tracing (~0.1 GB) remains."""
-    shared, cloned = _growth("shared"), _growth("cloned")
-    assert cloned > 0.9, f"torch no longer copies weights while tracing ({cloned:.2f}); etsdk.tracing may be dropped"
-    assert shared < 0.7 and cloned - shared > 0.8, f"peak RSS growth per weight byte: shared {shared:.2f}, cloned {cloned:.2f}"
+def test_strict_export_does_not_clone_the_weights() -> None:
+    cloned, weights = _parameter_bytes_cloned(shared=False)
+    assert cloned >= weights, f"torch no longer clones parameters while tracing ({cloned} of {weights} B); etsdk.tracing may be dropped"
+    shared, _ = _parameter_bytes_cloned(shared=True)
+    assert shared == 0, f"{shared} B of parameters were still cloned inside weights_shared_while_tracing()"
