@@ -10,10 +10,14 @@ missing constant fails the load, named. Weights are bound user-managed: on CPU
 each constant is a zero-copy view of the mapped ``.pte`` / ``.ptd`` with its
 own exact-size storage; on CUDA each is copied to the device once.
 
-State constants are bound to the session storage the core pushes into
-``execute`` whenever it differs from the storage bound last (another session),
-so the compiled code updates the caller's cache in place. The handle keeps the
-bound tensors (the library needs them alive), never the session.
+State is passed to the library as inputs after the engine inputs: the
+session's tensors the core pushes into ``execute``, every call, zero-copy; the
+compiled code updates them in place. Their dtype, shape, device and layout are
+checked when the pushed storage changes (another session). Blobs written before
+state became inputs (no ``aoti.state_inputs.v1`` feature) still bind state as
+user-managed constants, re-bound when the session changes. Each call runs with
+the OpenMP team size :mod:`etsdk_aoti.threads` finds fastest (all threads, or one
+under contention).
 """
 
 from __future__ import annotations
@@ -28,8 +32,9 @@ import torch
 from etsdk import BackendUnavailableError, BlobFormatError, ProgramError
 from etsdk.backend import BlobReader, InitContext, dtype_name, torch_dtype
 
-from etsdk_aoti import BACKEND_ID, BLOB_FEATURE, weights
+from etsdk_aoti import BACKEND_ID, BLOB_FEATURE, STATE_INPUTS_FEATURE, weights
 from etsdk_aoti.library import ConstantKind, Library, cached_library
+from etsdk_aoti.threads import TeamSize
 
 _MAY_BE_ABSENT = {ConstantKind.BUFFER.value, ConstantKind.TENSOR_CONSTANT.value, ConstantKind.FOLDED.value}
 
@@ -53,13 +58,37 @@ def _json(reader: BlobReader, name: str) -> Any:
 
 
 class AotiHandle:
-    def __init__(self, library: Library, num_inputs: int, states: list[tuple[str, int, tuple[int, ...], str]], device: str) -> None:
+    def __init__(
+        self,
+        library: Library,
+        num_inputs: int,
+        states: list[tuple[str, int, tuple[int, ...], str]],
+        device: str,
+        state_inputs: list[tuple[int, tuple[int, ...], str]] | None = None,
+    ) -> None:
         self._library = library
-        self._num_inputs = num_inputs
-        self._states = states  # (constant name, index into the pushed state, shape, dtype)
+        self._num_inputs = num_inputs  # engine inputs; the library takes the state inputs after them
+        self._states = states  # (constant name, index into the pushed state, shape, dtype): blobs before state inputs
+        self._state_inputs = state_inputs or []  # (index into the pushed state, shape, dtype), in library order
+        self._checked: tuple[Any, ...] | None = None  # the pushed state checked last
         self._bound: tuple[Any, ...] | None = None  # the state tensors bound last (kept alive for the library)
         self._device = device
         self._cuda = device.startswith("cuda")
+        self.team = TeamSize("fixed" if self._cuda else None)
+
+    def _check_state_inputs(self, state: tuple[Any, ...]) -> None:
+        if state is self._checked:
+            return
+        wanted_device = "cuda" if self._cuda else "cpu"
+        for index, shape, dtype in self._state_inputs:
+            tensor = state[index]
+            found = (dtype_name(tensor.dtype), tuple(tensor.shape), tensor.device.type)
+            if found != (dtype, shape, wanted_device) or not tensor.is_contiguous():
+                raise ProgramError(
+                    f"state {index} is {found[0]} {list(found[1])} on {found[2]}; the compiled library takes it as "
+                    f"{dtype} {list(shape)} on {wanted_device} (contiguous)"
+                )
+        self._checked = state
 
     def _bind_state(self, state: tuple[Any, ...]) -> None:
         if state is self._bound:
@@ -84,10 +113,19 @@ class AotiHandle:
         inputs: Sequence[Any] = args[: self._num_inputs]
         if self._cuda:
             inputs = [t.to(self._device, non_blocking=True) for t in inputs]
-            results = self._library.run(inputs, torch.cuda.current_stream().cuda_stream)
+        if self._state_inputs:
+            self._check_state_inputs(state)
+            inputs = [*inputs, *(state[index] for index, _, _ in self._state_inputs)]
+        outputs = args[self._num_inputs :]
+        if self._cuda:
+            for out, result in zip(outputs, self._library.run(inputs, torch.cuda.current_stream().cuda_stream)):
+                out.copy_(result)
         else:
-            results = self._library.run(inputs)
-        for out, result in zip(args[self._num_inputs :], results):
+            # the copy into the runtime's outputs is a parallel region too (logits): same team as the kernels
+            self.team.run(lambda: self._run_into(inputs, outputs))
+
+    def _run_into(self, inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
+        for out, result in zip(outputs, self._library.run(inputs)):
             out.copy_(result)
 
     def destroy(self) -> None:
@@ -99,7 +137,7 @@ class AotiBinding:
     """Runtime binding of etsdk-aoti."""
 
     def init(self, context: InitContext) -> AotiHandle:
-        reader = BlobReader(context.blob, known_features={BLOB_FEATURE})
+        reader = BlobReader(context.blob, known_features={BLOB_FEATURE, STATE_INPUTS_FEATURE})
         config = _json(reader, "config")
         records = _json(reader, "constants")
         if not isinstance(config, dict) or not isinstance(records, list):
@@ -191,4 +229,22 @@ class AotiBinding:
         library.bind_user_managed(pairs)
         if any(r.get("source") == "folded" for r in records):
             library.run_constant_folding()
-        return AotiHandle(library, int(config["num_inputs"]), states, device)
+        state_inputs = []
+        indices = config.get("state_inputs") or []
+        if not isinstance(indices, list) or len(set(map(repr, indices))) != len(indices):
+            raise BlobFormatError(f"etsdk-aoti blob: state_inputs must be a list of distinct state indices, found {indices!r}")
+        for index in indices:
+            if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(context.states):
+                raise BlobFormatError(f"state input {index!r}: the delegate binds {len(context.states)} states")
+            binding = context.states[index]
+            state_inputs.append((index, tuple(binding.shape), str(binding.dtype)))
+        # the library's real arity, never the blob's word for it: a short input list would hand it stale handles
+        signature = context.signature
+        wanted = (len(signature.inputs) + len(state_inputs), len(signature.outputs))
+        if (library.num_inputs, library.num_outputs) != wanted or config.get("num_inputs") != library.num_inputs:
+            raise BlobFormatError(
+                f"the compiled library takes {library.num_inputs} inputs and returns {library.num_outputs} outputs "
+                f"(config says {config.get('num_inputs')!r} inputs); the delegate binds {len(signature.inputs)} inputs + "
+                f"{len(state_inputs)} state inputs and {len(signature.outputs)} outputs"
+            )
+        return AotiHandle(library, len(signature.inputs), states, device, state_inputs)

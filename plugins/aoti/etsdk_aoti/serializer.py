@@ -5,9 +5,19 @@ The blob (etsdk container, feature ``aoti.container.v1``) holds three sections:
 * ``library``: the compiled ``.so``, streamed from Inductor's output file;
 * ``constants``: every constant the *container* reports, in its order: name,
   original FQN, kind, folded or not, dtype, shape, stride, size, and where its
-  data comes from (``weights``: a slot of the weights entry; ``state``: a
-  session's storage, bound per call; ``absent``; ``folded``);
-* ``config``: device, input / output counts, the weights' named-data key and size.
+  data comes from (``weights``: a slot of the weights entry; ``absent``;
+  ``folded``; ``state`` only in blobs written before state became inputs);
+* ``config``: device, input / output counts, the weights' named-data key and size,
+  and ``state_inputs``: the delegate's state bindings the library takes as
+  inputs after the engine inputs (feature ``aoti.state_inputs.v1``).
+
+State is never an Inductor constant: each state buffer becomes an input of the
+compiled library that the library updates in place (the runtime passes the
+session's tensors each call, zero-copy). Constants are then weights only, so
+Inductor's constant folding is safe again. Before compiling, the partition's
+layout copies are turned back into views (edge lowering writes ``linear`` as
+``permute_copy(weight)`` + ``mm``: a copy of every weight on every call) and
+attention over repeated key/value heads reads the grouped heads directly.
 
 Weights never enter the blob: they are written tensor by tensor to a file in
 the layout of :mod:`etsdk_aoti.weights` and handed to the partition's named-data
@@ -21,15 +31,16 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from etsdk import ExportError
-from etsdk.backend import BlobWriter, DelegateSignature, Partition, dtype_name
+from etsdk.backend import BlobWriter, DelegateSignature, Partition, StateBinding, dtype_name
 
-from etsdk_aoti import BLOB_FEATURE, weights
+from etsdk_aoti import BLOB_FEATURE, STATE_INPUTS_FEATURE, weights
 from etsdk_aoti.library import ConstantKind, Library
 from etsdk_aoti.partitioner import DEVICE_SPEC
 
@@ -38,10 +49,189 @@ INDUCTOR_OPTIONS = {
     "aot_inductor.package_constants_in_so": False,
     "aot_inductor.package_constants_on_disk_format": "pickle_weights",
     "max_autotune": False,
-    # State (caches, counters) reaches the compiled graph as buffers, i.e. constants to Inductor: folding
-    # "constant" subgraphs would bake the state's example value into the library (silently wrong output).
-    "joint_graph_constant_folding": False,
+    # State reaches the compiled graph as inputs (never constants), so folding constant subgraphs can no
+    # longer bake a state's example value in (tests/test_state.py::test_state_is_read_at_run_time_never_folded_...).
+    "joint_graph_constant_folding": True,
+    # Generated CPU kernels run on the calling thread: in decode they are small (norms, rotary, SiLU, cache
+    # writes), and every OpenMP region is a point where a step waits for a descheduled thread when another
+    # process takes a core. The library GEMMs and attention still follow the caller's OpenMP team size.
+    "cpp.threads": 1,
 }
+
+
+def _copy_to_view_targets() -> dict[Any, Any]:
+    from executorch.exir.dialects._ops import ops
+
+    edge, aten = ops.edge.aten, torch.ops.aten
+    pairs = [
+        ("permute_copy", "default", "permute"),
+        ("t_copy", "default", "t"),
+        ("transpose_copy", "int", "transpose"),
+        ("expand_copy", "default", "expand"),
+        ("unsqueeze_copy", "default", "unsqueeze"),
+        ("squeeze_copy", "dims", "squeeze"),
+        ("view_copy", "default", "reshape"),  # reshape: a view where strides allow, a copy where they do not
+    ]
+    targets: dict[Any, Any] = {}
+    for copy, overload, view in pairs:
+        replacement = getattr(getattr(aten, view), overload)
+        targets[getattr(getattr(edge, copy), overload)] = replacement
+        targets[getattr(getattr(aten, copy), overload)] = replacement
+    return targets
+
+
+def copies_to_views(graph_module: Any, weights: set[str]) -> int:
+    """Read weights in place: layout copies of weights become views; returns how many.
+
+    Edge lowering writes ``linear`` as ``permute_copy(weight)`` + ``mm``; Inductor
+    materialises that copy of every weight matrix on every call (unless constant
+    folding precomputes it, which doubles the weights in memory). The partition
+    graph is functional (nothing writes through a view), so a view is exact.
+    Only copies of ``weights`` (constant placeholders) and of views of them
+    change: turning activation copies into views lets Inductor's attention
+    pattern match edge graphs whose scale is a tensor, which it cannot compile. A
+    node whose value is a graph output keeps its copy (an output must not alias a
+    weight).
+    """
+    targets = _copy_to_view_targets()
+    of_weights = {n for n in graph_module.graph.nodes if n.op == "placeholder" and n.name in weights}
+    changed = 0
+    for node in graph_module.graph.nodes:
+        if node.op != "call_function" or node.target not in targets or node.args[0] not in of_weights:
+            continue
+        if any(user.op == "output" for user in node.users):
+            continue
+        node.target = targets[node.target]
+        of_weights.add(node)
+        changed += 1
+    if changed:
+        graph_module.graph.lint()
+        graph_module.recompile()
+    return changed
+
+
+def _op_name(node: Any) -> str:
+    """``view_copy`` for edge ``aten.view_copy.default`` and ATen ``view_copy.default``; "" for non-calls."""
+    if getattr(node, "op", None) != "call_function":
+        return ""
+    parts = str(getattr(node.target, "__name__", node.target)).split(".")
+    return parts[-2] if len(parts) >= 2 else parts[0]
+
+
+def _repeated_kv(node: Any) -> tuple[Any, int] | None:
+    """``(kv, repeats)`` when ``node`` is transformers' ``repeat_kv(kv)``: unsqueeze(2) -> expand -> [clone] -> view."""
+    if _op_name(node) not in ("view_copy", "view", "reshape", "_unsafe_view"):
+        return None
+    expanded = node.args[0]
+    if "clone" in _op_name(expanded):
+        expanded = expanded.args[0]
+    if _op_name(expanded) not in ("expand_copy", "expand"):
+        return None
+    unsqueezed = expanded.args[0]
+    if _op_name(unsqueezed) not in ("unsqueeze_copy", "unsqueeze") or unsqueezed.args[1] != 2:
+        return None
+    kv = unsqueezed.args[0]
+    value = getattr(kv, "meta", {}).get("val")
+    if value is None or value.dim() != 4 or len(expanded.args[1]) != 5:
+        return None
+    batch, heads, rows, dim = tuple(value.shape)
+    size = tuple(expanded.args[1])
+    repeats = size[2]
+    if (size[0], size[1], size[3], size[4]) != (batch, heads, rows, dim):
+        return None
+    if tuple(node.args[1]) != (batch, heads * repeats, rows, dim):
+        return None
+    return kv, repeats
+
+
+def grouped_attention(graph_module: Any) -> int:
+    """``sdpa(q, repeat_kv(k), repeat_kv(v))`` -> ``sdpa(q, k, v, enable_gqa=True)``; returns how many.
+
+    The same math (query head h reads key/value head h // repeats), without a
+    per-call copy of every layer's key and value cache widened to the query heads:
+    exported transformers models repeat them on every call, and Inductor's CPU
+    flash attention reads grouped heads directly.
+    """
+    changed = 0
+    for node in graph_module.graph.nodes:
+        if node.op != "call_function" or _op_name(node) != "scaled_dot_product_attention" or len(node.args) < 3:
+            continue
+        if node.kwargs.get("enable_gqa"):
+            continue
+        key, value = _repeated_kv(node.args[1]), _repeated_kv(node.args[2])
+        if key is None or value is None or key[1] != value[1]:
+            continue
+        node.args = (node.args[0], key[0], value[0], *node.args[3:])
+        node.kwargs = {**node.kwargs, "enable_gqa": True}
+        changed += 1
+    if changed:
+        graph_module.graph.eliminate_dead_code()
+        graph_module.graph.lint()
+        graph_module.recompile()
+    return changed
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What :func:`prepare_graph` changed: weight copies turned into views, attentions reading grouped heads."""
+
+    weight_copies_to_views: int
+    grouped_attentions: int
+
+
+def prepare_graph(graph_module: Any, weights: Iterable[str]) -> Prepared:
+    """Rewrite a partition's graph so that a call reads every weight in place (before AOTInductor compiles it).
+
+    ExecuTorch's ``ReplaceViewCopyWithViewPass`` (activation reshapes), then :func:`grouped_attention`, then
+    :func:`copies_to_views` for the ``weights`` placeholders.
+    """
+    from executorch.backends.aoti.passes.replace_view_copy_with_view import ReplaceViewCopyWithViewPass
+
+    ReplaceViewCopyWithViewPass()(graph_module)
+    grouped = grouped_attention(graph_module)
+    return Prepared(copies_to_views(graph_module, set(weights)), grouped)
+
+
+def state_as_inputs(module: Any, states: Sequence[StateBinding]) -> Any:
+    """``module`` (the unlifted partition) with every state buffer made an input, after the engine inputs.
+
+    Unlifting wrote each state update as ``aten.copy_(buffer, new_value)``; with the
+    buffer an input, AOTInductor compiles that as an in-place update of the
+    caller's tensor (the cache write becomes an indexed store into the input), and
+    no state is an Inductor constant.
+    """
+    import torch.utils._pytree as pytree
+    from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
+
+    graph = module.graph
+    anchor = [n for n in graph.nodes if n.op == "placeholder"][-1]
+    placeholders: dict[str, Any] = {}
+    for index, binding in enumerate(states):
+        with graph.inserting_after(anchor):
+            anchor = graph.placeholder(f"etsdk_state_{index}")
+        placeholders[binding.fqn] = anchor
+    for node in list(graph.nodes):
+        if node.op == "get_attr" and node.target in placeholders:
+            placeholder = placeholders[node.target]
+            for key, value in node.meta.items():  # AOTInductor traces from the placeholders' example values
+                placeholder.meta.setdefault(key, value)
+            node.replace_all_uses_with(placeholder)
+            graph.erase_node(node)
+    for fqn in placeholders:
+        owner = module
+        *path, leaf = fqn.split(".")
+        for part in path:
+            owner = getattr(owner, part)
+        owner._buffers.pop(leaf, None)
+    codegen = graph._codegen
+    if not isinstance(codegen, _PyTreeCodeGen):
+        raise ExportError(f"etsdk-aoti: unexpected code generator {type(codegen).__name__} on the unlifted partition")
+    names = [n.name for n in graph.nodes if n.op == "placeholder"]
+    in_spec = pytree.tree_flatten((tuple(names), {}))[1]
+    graph._codegen = _PyTreeCodeGen(_PyTreeInfo(names, in_spec, codegen.pytree_info.out_spec))
+    graph.lint()
+    module.recompile()
+    return module
 
 
 def _find_tensor(edge_program: Any, produced: dict[str, Any], fqn: str) -> Any:
@@ -53,18 +243,28 @@ def _find_tensor(edge_program: Any, produced: dict[str, Any], fqn: str) -> Any:
     return edge_program.constants.get(fqn)
 
 
-def compile_partition(edge_program: Any, device: str, workdir: Path) -> tuple[Path, dict[str, Any]]:
-    """AOTInductor-compile the partition; returns the library path and the weights Inductor kept aside."""
-    from executorch.backends.aoti.passes.replace_view_copy_with_view import ReplaceViewCopyWithViewPass
+def compile_partition(
+    edge_program: Any, device: str, workdir: Path, states: Sequence[StateBinding] = (), weights: frozenset[str] = frozenset()
+) -> tuple[Path, dict[str, Any]]:
+    """AOTInductor-compile the partition with ``states`` as inputs after the engine inputs.
+
+    ``weights``: the placeholders of the partition's constants (read in place, never copied per call).
+    Returns the library path and the weights Inductor kept aside.
+    """
     from torch.export.passes import move_to_device_pass
 
     program = move_to_device_pass(edge_program, device) if device != "cpu" else edge_program
-    ReplaceViewCopyWithViewPass()(program.graph_module)
+    prepare_graph(program.graph_module, weights)
     user_inputs = set(program.graph_signature.user_inputs)
-    example = tuple(n.meta["val"] for n in program.graph.nodes if n.op == "placeholder" and n.name in user_inputs)
+    values = {n.name: n.meta["val"] for n in program.graph.nodes if n.op == "placeholder"}
+    example = tuple(values[n.name] for n in program.graph.nodes if n.op == "placeholder" and n.name in user_inputs)
+    module = program.module()
+    if states:
+        example += tuple(values[binding.placeholder] for binding in states)
+        module = state_as_inputs(module, states)
     options = dict(INDUCTOR_OPTIONS, **{"aot_inductor.output_path": str(workdir)})
     with torch.no_grad():
-        outputs = torch._inductor.aot_compile(program.module(), example, options=options)
+        outputs = torch._inductor.aot_compile(module, example, options=options)
     produced = outputs if isinstance(outputs, list) else [outputs]
     libraries = [Path(p) for p in produced if isinstance(p, (str, Path)) and str(p).endswith(".so")]
     tensors: Mapping[str, Any] = next((p for p in produced if isinstance(p, Mapping)), {})
@@ -96,8 +296,10 @@ def describe_constants(
         if constant.folded or constant.kind is ConstantKind.FOLDED:
             record["source"] = "folded"
         elif constant.fqn in states:
-            state = states[constant.fqn]
-            record.update(source="state", index=signature.states.index(state), dtype=state.dtype, shape=list(state.shape))
+            raise ExportError(
+                f"etsdk-aoti: state '{states[constant.fqn].state}' ({constant.fqn}) reached the compiled library as a "
+                "constant; state must be an input the library updates in place"
+            )
         elif tensor is None:
             record["source"] = "absent"
         else:
@@ -127,7 +329,8 @@ def preprocess(partition: Partition) -> bytes:
     weights_path: Path | None = None
     weights_key = None
     try:
-        library_path, produced = compile_partition(edge_program, device, workdir)
+        weights_read = frozenset(c.placeholder for c in partition.constants())
+        library_path, produced = compile_partition(edge_program, device, workdir, signature.states, weights_read)
         # The constants' metadata is read from a container on the compile device: the
         # blob is written from what the container says, not from the state dict.
         library = Library(library_path, device)
@@ -135,10 +338,11 @@ def preprocess(partition: Partition) -> bytes:
         num_inputs, num_outputs = library.num_inputs, library.num_outputs
         library.close()
         del produced
-        if num_inputs != len(signature.inputs) or num_outputs != len(signature.outputs):
+        expected_inputs = len(signature.inputs) + len(signature.states)
+        if num_inputs != expected_inputs or num_outputs != len(signature.outputs):
             raise ExportError(
                 f"the compiled library takes {num_inputs} inputs and returns {num_outputs} outputs, the delegate "
-                f"binds {len(signature.inputs)} and {len(signature.outputs)}"
+                f"binds {len(signature.inputs)} inputs + {len(signature.states)} states and {len(signature.outputs)} outputs"
             )
         slots, total = weights.layout([(r["name"], r["nbytes"]) for r in records if r["source"] == "weights"], device)
         offsets = {slot.name: slot.offset for slot in slots}
@@ -161,8 +365,11 @@ def preprocess(partition: Partition) -> bytes:
             "weights_key": weights_key,
             "weights_bytes": total,
             "library_sha256": library_sha256,
+            # the library's inputs after the engine inputs: these state bindings (indices into signature.states)
+            "state_inputs": list(range(len(signature.states))),
         }
-        writer = BlobWriter(required_features=[BLOB_FEATURE], producer="etsdk-aoti")
+        features = [BLOB_FEATURE, STATE_INPUTS_FEATURE] if signature.states else [BLOB_FEATURE]
+        writer = BlobWriter(required_features=features, producer="etsdk-aoti")
         writer.add_section("config", json.dumps(config).encode())
         writer.add_section("constants", json.dumps(records).encode())
         writer.add_file_section("library", library_path, alignment=4096)

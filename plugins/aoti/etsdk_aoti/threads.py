@@ -1,0 +1,216 @@
+"""Per-call OpenMP team size for the compiled library: all threads on free cores, one thread under contention.
+
+AOTInductor's CPU kernels and the library GEMV / attention they call each open an
+OpenMP parallel region (a few hundred per decode step). With every thread on its
+own core a region costs microseconds; when another process takes a core, every
+region waits for a descheduled thread and a decode step gets 3-10x slower, while
+one thread alone keeps a full core. :class:`TeamSize` picks the team size per
+call: on Linux from how much of this process's cores other processes used since
+the last look (/proc/stat minus this process's own CPU time), elsewhere by timing
+both sizes now and then. The size is set with ``omp_set_num_threads`` on the
+calling thread only (an OpenMP ICV of that thread; MKL follows it) and restored
+after the call: nothing process-wide changes (``torch.set_num_threads`` would
+also switch MKL's dynamic mode off). ``ETSDK_AOTI_THREADS=fixed`` keeps the
+caller's team size.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from etsdk import BackendUnavailableError
+
+MODES = ("adaptive", "fixed")
+
+_FIRST_INTERVAL = 8  # on all threads: calls before one thread is tried again; doubles while all threads stay faster
+_MAX_INTERVAL = 256
+_BLIND_INTERVAL = 256  # on one thread, where idle cores cannot be read: re-check all threads this rarely
+_SLOW = 1.5  # a call this much slower than its recent ones re-checks one thread at once
+_SHORT = 0.5  # idle cores this much fewer than the team: one thread
+_ENOUGH = 0.3  # ... at most this much fewer: all threads again
+_WINDOW = 0.1  # seconds: the shortest window other processes' load is measured over (/proc/stat counts in ticks)
+
+
+def _cpu_times(cpus: frozenset[int]) -> tuple[int, int] | None:
+    """(busy, total) jiffies summed over ``cpus`` (the cores this process may run on), from /proc/stat."""
+    busy = total = 0
+    try:
+        with open("/proc/stat") as stat:
+            for line in stat:
+                if not line.startswith("cpu") or line.startswith("cpu "):
+                    continue
+                name, *values = line.split()
+                if not name[3:].isdigit() or int(name[3:]) not in cpus:
+                    continue
+                fields = [int(x) for x in values[:8]]
+                idle = fields[3] + fields[4]
+                total += sum(fields)
+                busy += sum(fields) - idle
+    except (OSError, ValueError, IndexError):
+        return None
+    return (busy, total) if total else None
+
+
+class _OtherLoad:
+    """How many of our cores other processes kept busy since the last look: /proc/stat minus our own CPU time."""
+
+    def __init__(self) -> None:
+        cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+        self.cpus = frozenset(cpus)
+        self.hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self.mark = self._now()
+        self.cores: float | None = None  # others' cores over the last window of at least _WINDOW seconds
+
+    def _now(self) -> tuple[int, int, float, float] | None:
+        times = _cpu_times(self.cpus)
+        return None if times is None else (*times, time.process_time(), time.monotonic())
+
+    @property
+    def available(self) -> bool:
+        return self.mark is not None
+
+    def update(self) -> None:
+        # the clock first: /proc/stat is read at most once per window, not once per call
+        if self.mark is None or time.monotonic() - self.mark[3] < _WINDOW:
+            return
+        now = self._now()
+        if now is None:
+            return
+        busy, total = now[0] - self.mark[0], now[1] - self.mark[1]
+        ours = (now[2] - self.mark[2]) * self.hz
+        per_core = total / len(self.cpus)
+        if per_core > 0:
+            self.cores = max(0.0, busy - ours) / per_core
+        self.mark = now
+
+
+@functools.lru_cache(maxsize=1)
+def _libgomp() -> Any:
+    """The OpenMP runtime the compiled library uses (torch's libgomp, already loaded); None if there is none."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                if "libgomp" in line and line.split()[-1].startswith("/"):
+                    return ctypes.CDLL(line.split()[-1])
+    except OSError:
+        pass
+    try:
+        return ctypes.CDLL("libgomp.so.1")
+    except OSError:
+        return None
+
+
+@functools.lru_cache(maxsize=1)
+def _mkl_local() -> Any:
+    """MKL's thread-local team size setter where torch's MKL exports it, else None.
+
+    ``MKL_Set_Num_Threads_Local`` takes its argument by value; the lower-case ``mkl_set_num_threads_local`` that
+    torch's build exports is the Fortran entry point (by reference: called with an int it crashes).
+
+    The library's GEMMs run in MKL, which keeps its own team size (torch sets it at start-up): without the
+    thread-local setting they would still open two-thread regions while the generated kernels run on one.
+    """
+    try:
+        import torch
+
+        library = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
+        setter = library.MKL_Set_Num_Threads_Local
+    except (OSError, AttributeError):
+        return None
+    setter.restype = ctypes.c_int
+    setter.argtypes = [ctypes.c_int]
+    return setter
+
+
+class TeamSize:
+    """Chooses, per call of one compiled library, between the caller's OpenMP team size ("all") and one thread.
+
+    Where /proc/stat is readable (Linux): from how many of this process's cores other processes kept busy since
+    the last look: one thread when the cores left are ``_SHORT`` fewer than the team, all threads again when they
+    are at most ``_ENOUGH`` fewer (hysteresis; a 16-core machine running something on 5 cores still gives a team
+    of 8 all its threads). Elsewhere: by timing, trying the other size now and then and keeping the faster.
+    """
+
+    def __init__(self, mode: str | None = None) -> None:
+        mode = mode or os.environ.get("ETSDK_AOTI_THREADS") or "adaptive"  # "fixed": always the caller's team size
+        if mode not in MODES:
+            raise BackendUnavailableError(f"ETSDK_AOTI_THREADS={mode!r}: expected one of {', '.join(MODES)}")
+        self._gomp = _libgomp()
+        self._mkl = _mkl_local()
+        self.mode = mode if self._gomp is not None else "fixed"
+        self.best = "all"
+        self.load = _OtherLoad() if self.mode == "adaptive" else None
+        self.average: dict[str, float] = {}
+        self._recent: dict[str, list[float]] = {}
+        self.interval = _FIRST_INTERVAL
+        self.since = 0
+        self._sudden = False  # timing fallback: the next exploring call follows a sudden slowdown
+        self.history: deque[str] = deque(maxlen=1024)  # the sizes of the latest calls (benchmarks, tests)
+
+    def _pick(self, team: int) -> str:
+        if self.load is not None and self.load.available:
+            self.load.update()
+            others = self.load.cores
+            if others is not None:
+                short = team - (len(self.load.cpus) - others)  # threads of the team without an idle core
+                if self.best == "all" and short >= _SHORT:
+                    self.best = "one"
+                elif self.best == "one" and short <= _ENOUGH:
+                    self.best = "all"
+            return self.best
+        other = "one" if self.best == "all" else "all"
+        limit = self.interval if self.best == "all" else _BLIND_INTERVAL
+        return other if self.since >= limit else self.best
+
+    def _record(self, size: str, seconds: float) -> None:
+        samples = self._recent.setdefault(size, [])
+        samples.append(seconds)
+        del samples[:-3]
+        self.average[size] = sorted(samples)[len(samples) // 2]
+        if self.load is not None and self.load.available:
+            return  # the load signal decides
+        if size == self.best:
+            self.since += 1
+            if size == "all" and len(samples) > 1 and seconds > _SLOW * min(samples[:-1]):
+                self.since = self.interval  # suddenly slow (a core was taken?): try one thread on the next call
+                self._sudden = True
+            return
+        # an exploring call: compare with the current choice's recent calls (its latest one after a sudden slowdown)
+        self.since = 0
+        recent = self._recent.get(self.best)
+        current = recent[-1] if self._sudden and recent else self.average.get(self.best, float("inf"))
+        self._sudden = False
+        if seconds < 0.9 * current:
+            self.best, self.interval = size, _FIRST_INTERVAL
+        else:
+            self.interval = min(self.interval * 2, _MAX_INTERVAL)
+
+    def run(self, call: Callable[[], Any]) -> Any:
+        if self.mode != "adaptive":
+            return call()
+        before = int(self._gomp.omp_get_max_threads())  # the caller's setting (torch.set_num_threads, OMP_NUM_THREADS)
+        if before <= 1:
+            return call()
+        size = self._pick(before)
+        mkl_before = None
+        if size == "one":
+            self._gomp.omp_set_num_threads(1)
+            if self._mkl is not None:
+                mkl_before = self._mkl(1)  # returns the thread's previous local setting (0: none)
+        started = time.perf_counter()
+        try:
+            return call()
+        finally:
+            elapsed = time.perf_counter() - started
+            if size == "one":
+                self._gomp.omp_set_num_threads(before)
+                if mkl_before is not None:
+                    self._mkl(mkl_before)
+            self._record(size, elapsed)
+            self.history.append(size)
