@@ -26,7 +26,7 @@ def choose(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator 
     """The next token id from ``logits`` (shape ``[V]``); NaN or infinite logits are an error, not a token."""
     if sampling.greedy:
         # argmax propagates NaN (and picks +inf), so checking the chosen logit covers the whole row
-        token = int(torch.argmax(logits))
+        token = _argmax(logits)
         if not math.isfinite(float(logits[token])):
             raise _non_finite()
         return token
@@ -39,6 +39,18 @@ def choose(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator 
         sorted_probs[before >= sampling.top_p] = 0.0  # keeps the first token that crosses top_p
         probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
     return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def _argmax(logits: torch.Tensor) -> int:
+    """``torch.argmax`` (first maximum; NaN wins), on the calling thread for CPU float rows.
+
+    torch's argmax over a vocabulary-sized row is an OpenMP region on every thread: when another process holds a
+    core it waits for the descheduled thread, once per generated token. numpy's runs on this thread alone, with
+    the same result.
+    """
+    if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64, torch.float16):
+        return int(logits.detach().numpy().argmax())
+    return int(torch.argmax(logits))
 
 
 def _non_finite() -> GenerationError:

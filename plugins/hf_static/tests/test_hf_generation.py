@@ -196,3 +196,27 @@ def test_non_finite_logits_are_an_error_not_a_token(sampling: Sampling, bad: flo
     logits[11] = bad
     with pytest.raises(GenerationError, match="non-finite logits"):
         choose(logits, sampling, generator_for(sampling))
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        torch.tensor([1.0, 3.0, 3.0, 2.0]),  # ties: the first maximum
+        torch.tensor([-float("inf")] * 3),
+        torch.randn(10, 3, generator=torch.Generator().manual_seed(0))[:, 1],  # a strided view
+        torch.randn(49152, generator=torch.Generator().manual_seed(1)),
+        torch.tensor([1.0, 2.0, 0.5], dtype=torch.float16),
+        torch.tensor([1.0, 2.0, 0.5], dtype=torch.bfloat16),  # no numpy dtype: torch's argmax
+    ],
+    ids=["ties", "all-minus-inf", "strided", "vocab", "float16", "bfloat16"],
+)
+def test_greedy_choice_is_torch_argmax(row: torch.Tensor) -> None:
+    """Greedy picks with numpy on the calling thread (no OpenMP region per token); the token is torch.argmax's."""
+    from etsdk_hf_static.sampling import choose
+
+    if bool(torch.isfinite(row).all()):
+        assert choose(row, Sampling(), None) == int(torch.argmax(row))
+    else:
+        from etsdk_hf_static.sampling import _argmax
+
+        assert _argmax(row) == int(torch.argmax(row))
