@@ -63,7 +63,7 @@ def _child(path: str, width: int, layers: int, out: str) -> None:
 
         lowered = etsdk.lower(
             module=model, example_inputs=example, backend="EtsdkAotiBackend",
-            partitioner_options={"device": "cpu", "external_data": "weights"},
+            partitioner_options={"device": "cpu"}, external_data="weights",
         )
         lowered.save(directory / "model.pte")
     else:

@@ -13,11 +13,10 @@ own exact-size storage; on CUDA each is copied to the device once.
 State is passed to the library as inputs after the engine inputs: the
 session's tensors the core pushes into ``execute``, every call, zero-copy; the
 compiled code updates them in place. Their dtype, shape, device and layout are
-checked when the pushed storage changes (another session). Blobs written before
-state became inputs (no ``aoti.state_inputs.v1`` feature) still bind state as
-user-managed constants, re-bound when the session changes. Each call runs with
-the OpenMP team size :mod:`etsdk_aoti.threads` finds fastest (all threads, or one
-under contention).
+checked when the pushed storage changes (another session). A blob that binds
+state as a constant (written before ``aoti.state_inputs.v1``, inside program
+formats this etsdk refuses anyway) is refused. Each call runs with the OpenMP
+team size :mod:`etsdk_aoti.threads` picks (all threads, or one under contention).
 """
 
 from __future__ import annotations
@@ -62,16 +61,13 @@ class AotiHandle:
         self,
         library: Library,
         num_inputs: int,
-        states: list[tuple[str, int, tuple[int, ...], str]],
         device: str,
-        state_inputs: list[tuple[int, tuple[int, ...], str]] | None = None,
+        state_inputs: list[tuple[int, tuple[int, ...], str]],
     ) -> None:
         self._library = library
         self._num_inputs = num_inputs  # engine inputs; the library takes the state inputs after them
-        self._states = states  # (constant name, index into the pushed state, shape, dtype): blobs before state inputs
-        self._state_inputs = state_inputs or []  # (index into the pushed state, shape, dtype), in library order
-        self._checked: tuple[Any, ...] | None = None  # the pushed state checked last
-        self._bound: tuple[Any, ...] | None = None  # the state tensors bound last (kept alive for the library)
+        self._state_inputs = state_inputs  # (index into the pushed state, shape, dtype), in library order
+        self._checked: tuple[Any, ...] | None = None  # the pushed state checked last (one tuple per session)
         self._device = device
         self._cuda = device.startswith("cuda")
         self.team = TeamSize("fixed" if self._cuda else None)
@@ -90,26 +86,7 @@ class AotiHandle:
                 )
         self._checked = state
 
-    def _bind_state(self, state: tuple[Any, ...]) -> None:
-        if state is self._bound:
-            return
-        pairs = []
-        wanted_device = "cuda" if self._cuda else "cpu"
-        for name, index, shape, dtype in self._states:
-            tensor = state[index]
-            found = (dtype_name(tensor.dtype), tuple(tensor.shape), tensor.device.type)
-            if found != (dtype, shape, wanted_device) or not tensor.is_contiguous():
-                raise ProgramError(
-                    f"state {index} is {found[0]} {list(found[1])} on {found[2]}; the compiled library binds it as "
-                    f"{dtype} {list(shape)} on {wanted_device} (contiguous)"
-                )
-            pairs.append((name, tensor))
-        self._library.bind_user_managed(pairs)
-        self._bound = state
-
     def execute(self, args: tuple[Any, ...], state: tuple[Any, ...]) -> None:
-        if self._states:
-            self._bind_state(state)
         inputs: Sequence[Any] = args[: self._num_inputs]
         if self._cuda:
             inputs = [t.to(self._device, non_blocking=True) for t in inputs]
@@ -129,7 +106,7 @@ class AotiHandle:
             out.copy_(result)
 
     def destroy(self) -> None:
-        self._bound = None
+        self._checked = None
         self._library.close()
 
 
@@ -179,7 +156,6 @@ class AotiBinding:
                     f"{config.get('weights_bytes')} (truncated or from another export)"
                 )
         pairs: list[tuple[str, Any]] = []
-        states: list[tuple[str, int, tuple[int, ...], str]] = []
         missing: list[str] = []
         for record in records:
             source = record.get("source")
@@ -187,11 +163,11 @@ class AotiBinding:
             if source == "folded":
                 continue
             if source == "state":
-                index = record["index"]
-                if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(context.states):
-                    raise BlobFormatError(f"constant '{name}' names state {index!r}; the delegate binds {len(context.states)}")
-                states.append((name, index, tuple(record["shape"]), str(record["dtype"])))
-            elif source == "weights":
+                raise BlobFormatError(
+                    f"constant '{name}' is bound to a state: a blob written before state became a library input "
+                    f"({STATE_INPUTS_FEATURE}); re-export the program"
+                )
+            if source == "weights":
                 if buffer is None:
                     raise BlobFormatError(f"constant '{name}' lives in the weights, but the blob names no weights entry")
                 slot = weights.Slot(name, int(record["offset"]), int(record["nbytes"]))
@@ -247,4 +223,4 @@ class AotiBinding:
                 f"(config says {config.get('num_inputs')!r} inputs); the delegate binds {len(signature.inputs)} inputs + "
                 f"{len(state_inputs)} state inputs and {len(signature.outputs)} outputs"
             )
-        return AotiHandle(library, len(signature.inputs), states, device, state_inputs)
+        return AotiHandle(library, len(signature.inputs), device, state_inputs)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,9 @@ import torch
 pytest.importorskip("transformers")
 
 import etsdk  # noqa: E402
-from etsdk_aoti import BACKEND_ID  # noqa: E402
+from etsdk.backend import BlobReader  # noqa: E402
+from etsdk.testing import CapturedDelegate, capture_delegates  # noqa: E402
+from etsdk_aoti import BACKEND_ID, BLOB_FEATURE, STATE_INPUTS_FEATURE  # noqa: E402
 from etsdk_aoti.testing import llama_methods, static_cache_module, tiny_llama  # noqa: E402
 
 CAPACITY, PREFILL = 32, 4
@@ -29,8 +32,31 @@ def pte(model: object, tmp_path_factory: pytest.TempPathFactory) -> Path:
         model, CAPACITY, PREFILL, prefill_backends=(BACKEND_ID,), decode_backends=(BACKEND_ID,), options={"device": "cpu"}
     )
     path = tmp_path_factory.mktemp("llama") / "llama.pte"
-    etsdk.lower(methods, contract=contract).save(path)
+    with capture_delegates() as captured:
+        etsdk.lower(methods, contract=contract).save(path)
+    DELEGATES[:] = captured
     return path
+
+
+DELEGATES: list[CapturedDelegate] = []
+
+
+def test_state_is_an_input_and_folding_copies_no_weight(pte: Path, model: object) -> None:
+    """Each blob passes every state as a library input; constants are weights, and what Inductor folds is small.
+
+    Folding runs at load: a folded transposed copy of a weight would double the model in memory (issue 13).
+    """
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert {d.method for d in DELEGATES} == {"prefill", "decode"}
+    for delegate in DELEGATES:
+        reader = BlobReader(delegate.payload, known_features={BLOB_FEATURE, STATE_INPUTS_FEATURE})
+        assert STATE_INPUTS_FEATURE in reader.required_features
+        config = json.loads(bytes(reader.section("config")))
+        records = json.loads(bytes(reader.section("constants")))
+        assert config["state_inputs"] == list(range(len(delegate.signature.states))) and config["state_inputs"]
+        assert {r["source"] for r in records} <= {"weights", "folded", "absent"}
+        folded = sum(r["nbytes"] for r in records if r["source"] == "folded")
+        assert folded < 0.05 * weight_bytes, (delegate.method, folded, weight_bytes)
 
 
 def test_llama_prefill_and_decode_match_eager(pte: Path, model: object) -> None:
