@@ -1,7 +1,9 @@
-"""Decode tokens/s and prefill ms of a small causal LM: etsdk (hf_static + AOTI) vs eager vs XNNPACK, one run.
+"""Decode tokens/s and prefill ms of a causal LM: etsdk (hf_static + AOTI) vs eager vs XNNPACK vs the weight-read limit.
 
-``--model DIR``: a transformers model directory (default: the embedded tiny Llama-style model, sized by
-``--hidden/--layers/--vocab``; nothing is downloaded).
+Model: ``--model DIR`` (any transformers causal LM directory), or ``--shape smollm2-135m`` (an embedded random-weight
+LlamaForCausalLM of SmolLM2-135M's shape: 30 layers, hidden 576, intermediate 1536, 9 / 3 heads, head_dim 64, vocab
+49152, tied embeddings; 134.5M parameters, 538 MB fp32), or by default the embedded 26M-parameter Llama-style model
+sized by ``--hidden/--layers/--vocab``. Nothing is downloaded.
 
 The prompt is exactly T tokens (one prefill call everywhere), then ``--new`` decode steps:
 
@@ -11,23 +13,44 @@ The prompt is exactly T tokens (one prefill call everywhere), then ``--new`` dec
   eagerly under ``torch.no_grad``), same inputs and counter writes;
 * ``xnnpack``: the same wrapper (counters written from the positions inside the graph) exported by stock
   ExecuTorch with ``XnnpackPartitioner`` (caches left as ExecuTorch mutable buffers), run through
-  ``executorch.runtime``. Each ExecuTorch method keeps its own
-  mutable buffers, so its decode does not see its prefill's cache: its timings are valid, its tokens are
-  not compared.
+  ``executorch.runtime``. Each ExecuTorch method keeps its own mutable buffers, so its decode does not see its
+  prefill's cache: its timings are valid, its tokens are not compared.
 
-Rounds interleave the three (medians reported). Where etsdk's time goes: ``etsdk_runner_us_per_step`` (a whole
+``limit``: the machine's weight-read limit, measured in the same run: one read of the model's weight bytes with
+the fastest kernel available (``torch.mv`` over one matrix holding the model's weight bytes, and ``F.linear`` over
+the model's own matrices; the faster one counts). A decode step must read every weight once, so
+``limit_steps_per_s`` bounds decode tokens/s, and ``<path>_fraction_of_limit`` = path tokens/s / limit steps/s.
+
+``--contended``: every round runs each path twice, quiet and with one competing busy process (a Python busy loop,
+started before and killed after that path's contended half); reports ``<path>_contended_tokens_per_s`` and
+``<path>_contended_over_quiet``.
+
+Per-step memory traffic: ``<path>_minor_faults_per_step`` (page faults while decoding: a path that allocates and
+touches fresh model-sized buffers each step shows thousands) is measured everywhere on Linux; hardware memory
+traffic counters are read only where ``perf`` can count ``LLC-load-misses`` for this process (``<path>_llc_miss_bytes
+_per_step``, 64-byte lines), otherwise ``traffic_counters`` says why not.
+
+Rounds interleave the paths (medians reported). Where etsdk's time goes: ``etsdk_runner_us_per_step`` (a whole
 runner decode step) splits into ``etsdk_program_run_us_per_step`` (runtime + bridge + AOTI binding + compiled
-code) and the runner's own Python work (the difference).
+code) and the runner's own Python work (the difference). The process's OpenMP settings are reported as
+``threads`` and ``omp_wait_policy``; ``--threads N`` calls ``torch.set_num_threads(N)`` (without it the process
+default is kept: an explicit ``set_num_threads`` also switches MKL's dynamic mode off, which changes how MKL
+runs inside other parallel regions).
 
 Last line: JSON with ``etsdk_tokens_per_s``, ``eager_tokens_per_s``, ``xnnpack_tokens_per_s``,
-``etsdk_prefill_ms``, ``eager_prefill_ms``, ``xnnpack_prefill_ms``, plus the breakdown and the parameter count.
+``etsdk_prefill_ms``, ``eager_prefill_ms``, ``xnnpack_prefill_ms``, ``limit_steps_per_s``, the fractions, the
+contended figures with ``--contended``, the breakdown and the parameter count.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -40,12 +63,29 @@ from etsdk_hf_static.module import StaticCausalLM, causal_mask
 from etsdk_hf_static.runner import HfStaticRunner, Step
 from etsdk_hf_static.tiny import tiny_model
 
+SHAPES = ("default", "smollm2-135m")
+
+
+def smollm2_135m_shape(seed: int = 0) -> Any:
+    """A random-weight LlamaForCausalLM of SmolLM2-135M's shape (134.5M parameters, fp32)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+        num_key_value_heads=3, head_dim=64, max_position_embeddings=8192, rope_theta=100000.0, rms_norm_eps=1e-5,
+        tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, hidden_act="silu",
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config).to(torch.float32).eval()
+
 
 def _model(args: argparse.Namespace) -> Any:
     if args.model:
         from transformers import AutoModelForCausalLM
 
         return AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    if args.shape == "smollm2-135m":
+        return smollm2_135m_shape()
     return tiny_model("llama", hidden=args.hidden, layers=args.layers, vocab=args.vocab, heads=8, kv_heads=2, positions=2 * args.context)
 
 
@@ -81,9 +121,92 @@ def _time(fn: Any) -> float:
     return time.perf_counter() - started
 
 
+def _weight_matrices(model: Any) -> list[torch.Tensor]:
+    seen: set[int] = set()
+    out = []
+    for p in model.parameters():
+        if p.dim() == 2 and p.data_ptr() not in seen:  # tied embeddings counted once
+            seen.add(p.data_ptr())
+            out.append(p.detach())
+    return out
+
+
+class _WeightReadLimit:
+    """Time to read the model's weight bytes once with the fastest kernel at hand (same process, same run)."""
+
+    def __init__(self, model: Any) -> None:
+        self.weights = _weight_matrices(model)
+        self.nbytes = sum(w.numel() * w.element_size() for w in self.weights)
+        columns = model.config.get_text_config().hidden_size
+        flat = torch.empty(self.nbytes // 4 // columns * columns, dtype=torch.float32)
+        offset = 0
+        for w in self.weights:  # real values: untouched pages would read the shared zero page, not memory
+            n = min(w.numel(), flat.numel() - offset)
+            flat[offset : offset + n] = w.reshape(-1)[:n].float()
+            offset += n
+        self.matrix = flat.view(-1, columns)
+        self.vector = torch.randn(columns)
+        self.inputs = {c: torch.randn(1, c) for c in {w.shape[1] for w in self.weights}}
+
+    def mv(self) -> None:
+        torch.mv(self.matrix, self.vector)
+
+    def linear(self) -> None:
+        for w in self.weights:
+            torch.nn.functional.linear(self.inputs[w.shape[1]], w)
+
+
+class _Busy:
+    """One competing busy process (a Python busy loop) while the block runs."""
+
+    def __enter__(self) -> _Busy:
+        self.process = subprocess.Popen([sys.executable, "-S", "-c", "while True:\n    pass\n"])
+        time.sleep(0.3)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.process.kill()
+        self.process.wait()
+        # let load-following code see a quiet window before the next quiet measurement (etsdk-aoti's team size
+        # follows the load on its cores, measured over >= 0.1 s windows, so it lags the change by about that much)
+        time.sleep(0.3)
+
+
+def _minor_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def _traffic_counters() -> tuple[bool, str]:
+    """Whether ``perf`` can count LLC load misses of this process here (and why not)."""
+    if shutil.which("perf") is None:
+        return False, "perf is not installed"
+    probe = subprocess.run(["perf", "stat", "-x,", "-e", "LLC-load-misses", "true"], capture_output=True, text=True)
+    if probe.returncode != 0 or "not supported" in probe.stderr or "<not counted>" in probe.stderr:
+        return False, "no hardware cache counters here (virtual machine or perf_event_paranoid)"
+    return True, "perf LLC-load-misses"
+
+
+def _llc_misses(fn: Any) -> int | None:
+    """LLC load misses of this process while ``fn`` runs (perf attached to our pid), or None."""
+    with tempfile.NamedTemporaryFile("r", suffix=".csv") as out:
+        perf = subprocess.Popen(["perf", "stat", "-x,", "-e", "LLC-load-misses", "-p", str(os.getpid()), "-o", out.name])
+        time.sleep(0.2)
+        try:
+            fn()
+        finally:
+            perf.send_signal(2)
+            perf.wait()
+        for line in out.read().splitlines():
+            fields = line.split(",")
+            if len(fields) > 2 and "LLC-load-misses" in line and fields[0].strip().isdigit():
+                return int(fields[0])
+    return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="a transformers model directory (default: embedded tiny model)")
+    parser.add_argument("--model", default=None, help="a transformers model directory (default: embedded model)")
+    parser.add_argument("--shape", choices=SHAPES, default="default", help="embedded model when no --model is given")
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--vocab", type=int, default=8192)
@@ -91,88 +214,158 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=256, help="S: cache rows")
     parser.add_argument("--new", type=int, default=32, help="decode steps per round")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads(N) first (default: leave it)")
+    parser.add_argument("--contended", action="store_true", help="also run every path beside one busy process")
+    parser.add_argument("--no-xnnpack", action="store_true", help="skip the XNNPACK peer (its export is slow)")
+    parser.add_argument("--workdir", default=None, help="keep the exported programs here and reuse them when present "
+                        "(a 135M-parameter AOTI export takes minutes; delete the directory after changing the code)")
     args = parser.parse_args()
     T, S = args.prefill, args.context
     if T + args.new > S:
         parser.error("prefill + new must fit the context")
-    torch.set_num_threads(torch.get_num_threads())
+    if args.threads:
+        torch.set_num_threads(args.threads)
     model = _model(args)
     params = sum(p.numel() for p in model.parameters())
-    print(f"model: {type(model).__name__}, {params / 1e6:.1f}M parameters, T={T}, S={S}", file=sys.stderr)
+    limit = _WeightReadLimit(model)
+    print(f"model: {type(model).__name__}, {params / 1e6:.1f}M parameters ({limit.nbytes / 1e6:.0f} MB of weight "
+          f"matrices), T={T}, S={S}, threads {torch.get_num_threads()}", file=sys.stderr)
     prompt = torch.randint(0, model.config.vocab_size, (T,), generator=torch.Generator().manual_seed(0)).tolist()
+    counters_ok, counters_why = _traffic_counters()
 
-    with tempfile.TemporaryDirectory() as tmp:
-        pte = Path(tmp) / "model.pte"
-        export(model, pte, backend="aoti", prefill_length=T, context_length=S,
-               partitioner_options={"EtsdkAotiBackend": {"device": "cpu"}}, quiet=True)
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = Path(args.workdir) if args.workdir else Path(scratch)
+        tmp.mkdir(parents=True, exist_ok=True)
+        pte = tmp / "model.pte"
+        if not (args.workdir and pte.is_file()):
+            export(model, pte, backend="aoti", prefill_length=T, context_length=S,
+                   partitioner_options={"EtsdkAotiBackend": {"device": "cpu"}}, quiet=True)
         runner = HfStaticRunner.from_file(pte)
-        xnn = _xnnpack_program(model, T, S, Path(tmp) / "xnnpack.pte")
-        xnn_prefill, xnn_decode = xnn.load_method("prefill"), xnn.load_method("decode")
         eager = StaticCausalLM(model, S).eval()
         eager_counters = [b for n, b in eager.named_buffers() if n.startswith("cumulative_length")]
+        peers: dict[str, Any] = {}
 
-        def run_etsdk() -> tuple[float, float]:
+        def run_etsdk(steps: int) -> tuple[float, float, float]:
             conversation = runner.new_conversation()
-            result = conversation.generate(prompt, max_new_tokens=args.new + 1, stop_at_eos=False)
-            return result.prefill_ms, result.decode_tokens_per_s
+            faults = _minor_faults()
+            result = conversation.generate(prompt, max_new_tokens=steps + 1, stop_at_eos=False)
+            return result.prefill_ms, result.decode_tokens_per_s, (_minor_faults() - faults) / (steps + 1)
 
-        def run_eager() -> tuple[float, float]:
+        def run_eager(steps: int) -> tuple[float, float, float]:
             with torch.no_grad():
                 for c in eager_counters:
                     c.fill_(0)
                 prefill_s = _time(lambda: eager(torch.tensor([prompt]), torch.arange(T), causal_mask(0, T, T, S)))
                 pos, token = T, 1
 
-                def steps() -> None:
+                def decode() -> None:
                     nonlocal pos, token
-                    for _ in range(args.new):
+                    for _ in range(steps):
                         for c in eager_counters:
                             c.fill_(pos)
                         logits = eager(torch.tensor([[token]]), torch.tensor([pos]), causal_mask(pos, 1, 1, S))
                         token, pos = int(logits[0, -1].argmax()), pos + 1
 
-                return prefill_s * 1e3, args.new / _time(steps)
+                faults = _minor_faults()
+                seconds = _time(decode)
+                return prefill_s * 1e3, steps / seconds, (_minor_faults() - faults) / steps
 
-        def run_xnnpack() -> tuple[float, float]:
-            prefill_s = _time(lambda: xnn_prefill.execute([torch.tensor([prompt]), torch.arange(T), causal_mask(0, T, T, S)]))
-            pos, token = T, 1
+        peers["etsdk"] = run_etsdk
+        peers["eager"] = run_eager
+        if not args.no_xnnpack:
+            xnn_path = tmp / "xnnpack.pte"
+            if args.workdir and xnn_path.is_file():
+                from executorch.runtime import Runtime
 
-            def steps() -> None:
-                nonlocal pos, token
-                for _ in range(args.new):
-                    (logits,) = xnn_decode.execute([torch.tensor([[token]]), torch.tensor([pos]), causal_mask(pos, 1, 1, S)])
-                    token, pos = int(logits[0, -1].argmax()), pos + 1
+                xnn = Runtime.get().load_program(xnn_path)
+            else:
+                xnn = _xnnpack_program(model, T, S, xnn_path)
+            xnn_prefill, xnn_decode = xnn.load_method("prefill"), xnn.load_method("decode")
 
-            return prefill_s * 1e3, args.new / _time(steps)
+            def run_xnnpack(steps: int) -> tuple[float, float, float]:
+                prefill_s = _time(lambda: xnn_prefill.execute([torch.tensor([prompt]), torch.arange(T), causal_mask(0, T, T, S)]))
+                pos, token = T, 1
+
+                def decode() -> None:
+                    nonlocal pos, token
+                    for _ in range(steps):
+                        (logits,) = xnn_decode.execute([torch.tensor([[token]]), torch.tensor([pos]), causal_mask(pos, 1, 1, S)])
+                        token, pos = int(logits[0, -1].argmax()), pos + 1
+
+                faults = _minor_faults()
+                seconds = _time(decode)
+                return prefill_s * 1e3, steps / seconds, (_minor_faults() - faults) / steps
+
+            peers["xnnpack"] = run_xnnpack
+
+        def run_limit(steps: int) -> tuple[float, float, float]:
+            reads = max(4, steps // 4)
+            mv = _time(lambda: [limit.mv() for _ in range(reads)]) / reads
+            linear = _time(lambda: [limit.linear() for _ in range(reads)]) / reads
+            return 0.0, 1.0 / min(mv, linear), 0.0
+
+        peers["limit"] = run_limit
 
         def breakdown() -> tuple[float, float]:
             conversation = runner.new_conversation()
             conversation.generate(prompt, max_new_tokens=1, stop_at_eos=False)
-            inputs = runner._inputs["decode"].fill(Step("decode", T, (1,), 1))
+            holder = getattr(conversation, "_inputs", None) or runner._inputs  # the conversation owns them since 3820fcb
+            inputs = holder["decode"].fill(Step("decode", T, (1,), 1))
             whole = _time(lambda: [conversation.run_step(Step("decode", T + i, (1,), 1)) for i in range(args.new)])
             run = _time(lambda: [runner.program.run("decode", *inputs, session=conversation.session) for _ in range(args.new)])
             return whole / args.new * 1e6, run / args.new * 1e6
 
-        peers = {"etsdk": run_etsdk, "eager": run_eager, "xnnpack": run_xnnpack}
         for fn in peers.values():  # warm-up
-            fn()
-        results: dict[str, list[tuple[float, float]]] = {name: [] for name in peers}
+            fn(2)
+        quiet: dict[str, list[tuple[float, float, float]]] = {name: [] for name in peers}
+        contended: dict[str, list[tuple[float, float, float]]] = {name: [] for name in peers}
         splits = []
+        loads = [os.getloadavg()[0]]
         for r in range(args.rounds):
             order = list(peers) if r % 2 == 0 else list(reversed(peers))
             for name in order:
-                results[name].append(peers[name]())
+                quiet[name].append(peers[name](args.new))
+                if args.contended:
+                    with _Busy():
+                        contended[name].append(peers[name](args.new))
             splits.append(breakdown())
-            print(f"round {r}: " + ", ".join(f"{n} {results[n][-1][1]:.1f} tok/s" for n in peers), file=sys.stderr)
+            loads.append(os.getloadavg()[0])
+            line = ", ".join(f"{n} {quiet[n][-1][1]:.1f}" + (f"/{contended[n][-1][1]:.1f}" if args.contended else "") for n in peers)
+            print(f"round {r} (tokens/s{', quiet/contended' if args.contended else ''}): {line}", file=sys.stderr)
+        traffic: dict[str, float | None] = {}
+        if counters_ok:
+            for name, fn in (("etsdk", lambda: run_etsdk(args.new)), ("eager", lambda: run_eager(args.new))):
+                misses = _llc_misses(fn)
+                traffic[name] = misses * 64 / args.new if misses is not None else None
 
-    out: dict[str, Any] = {"parameters": params, "prefill_length": T, "context_length": S, "new_tokens": args.new}
+    out: dict[str, Any] = {
+        "parameters": params, "weight_bytes": limit.nbytes, "prefill_length": T, "context_length": S,
+        "new_tokens": args.new, "threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "loadavg_1min_per_round": [round(x, 2) for x in loads],
+    }
+    limit_steps = statistics.median(d for _, d, _ in quiet["limit"])
+    out["limit_steps_per_s"] = limit_steps
+    out["limit_bytes_per_s"] = limit_steps * limit.nbytes
     for name in peers:
-        out[f"{name}_tokens_per_s"] = statistics.median(d for _, d in results[name])
-        out[f"{name}_prefill_ms"] = statistics.median(p for p, _ in results[name])
+        if name == "limit":
+            continue
+        out[f"{name}_tokens_per_s"] = statistics.median(d for _, d, _ in quiet[name])
+        out[f"{name}_prefill_ms"] = statistics.median(p for p, _, _ in quiet[name])
+        out[f"{name}_fraction_of_limit"] = out[f"{name}_tokens_per_s"] / limit_steps
+        out[f"{name}_minor_faults_per_step"] = statistics.median(f for _, _, f in quiet[name])
+        if args.contended:
+            out[f"{name}_contended_tokens_per_s"] = statistics.median(d for _, d, _ in contended[name])
+            out[f"{name}_contended_over_quiet"] = out[f"{name}_contended_tokens_per_s"] / out[f"{name}_tokens_per_s"]
+        if name in traffic:
+            out[f"{name}_llc_miss_bytes_per_step"] = traffic[name]
+    if args.contended:
+        out["limit_contended_steps_per_s"] = statistics.median(d for _, d, _ in contended["limit"])
+    out["traffic_counters"] = counters_why
     out["etsdk_runner_us_per_step"] = statistics.median(w for w, _ in splits)
     out["etsdk_program_run_us_per_step"] = statistics.median(r for _, r in splits)
     out["etsdk_vs_eager_decode"] = out["etsdk_tokens_per_s"] / out["eager_tokens_per_s"]
-    out["etsdk_vs_xnnpack_decode"] = out["etsdk_tokens_per_s"] / out["xnnpack_tokens_per_s"]
+    if "xnnpack_tokens_per_s" in out:
+        out["etsdk_vs_xnnpack_decode"] = out["etsdk_tokens_per_s"] / out["xnnpack_tokens_per_s"]
     print(json.dumps(out))
 
 
