@@ -7,10 +7,10 @@ region waits for a descheduled thread and a decode step gets 3-10x slower, while
 one thread alone keeps a full core. :class:`TeamSize` picks the team size per
 call: on Linux from how much of this process's cores other processes used since
 the last look (/proc/stat minus this process's own CPU time), elsewhere by timing
-both sizes now and then. The size is set with ``omp_set_num_threads`` on the
-calling thread only (an OpenMP ICV of that thread; MKL follows it) and restored
-after the call: nothing process-wide changes (``torch.set_num_threads`` would
-also switch MKL's dynamic mode off). ``ETSDK_AOTI_THREADS=fixed`` keeps the
+both sizes now and then. The size is set on the calling thread only, for the
+call only: ``omp_set_num_threads`` (an OpenMP ICV of that thread) and MKL's
+thread-local team size (its GEMMs keep their own). Nothing process-wide changes
+(``torch.set_num_threads`` would also switch MKL's dynamic mode off). ``ETSDK_AOTI_THREADS=fixed`` keeps the
 caller's team size.
 """
 
