@@ -132,9 +132,8 @@ def _parse_ids(text: str) -> list[int]:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
+    from etsdk.chat import open_runner
     from etsdk.generation import Sampling
-    from etsdk.program import data_beside, load
-    from etsdk.registry import get_runner
 
     if (args.prompt is None) == (args.prompt_ids is None):
         raise EtsdkError("give exactly one of --prompt TEXT or --prompt-ids 1,2,3")
@@ -142,17 +141,12 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         raise EtsdkError(f"--max-new-tokens must be >= 0, found {args.max_new_tokens}")
     given_ids = _parse_ids(args.prompt_ids) if args.prompt_ids is not None else None
     sampling = Sampling(temperature=args.temperature, top_p=args.top_p, seed=args.seed)
-    program = load(args.program, data=args.data if args.data is not None else data_beside(args.program))
-    contract = program.contract
-    if contract is None:
-        raise EtsdkError(f"{args.program} embeds no contract; etsdk generate needs a program exported for one")
-    spec = get_runner(contract.name, contract.version)
-    runner = spec.factory(program)
+    runner = open_runner(args.program, args.data)
     if args.chat:
         if args.prompt is None:
             raise EtsdkError("--chat applies the chat template to --prompt TEXT, not to --prompt-ids")
         if not hasattr(runner, "chat_prompt_ids"):
-            raise EtsdkError(f"the runner for contract '{contract.name}' has no chat template support")
+            raise EtsdkError("this program's runner does not support chat (it lacks chat_prompt_ids)")
         system = [{"role": "system", "content": args.system}] if args.system else []
         prompt_ids = runner.chat_prompt_ids([*system, {"role": "user", "content": args.prompt}])
     elif args.system is not None:
