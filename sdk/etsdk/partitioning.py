@@ -21,6 +21,8 @@ from executorch.exir.backend.utils import get_non_lowered_nodes, tag_constant_da
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
+from etsdk.errors import BackendError
+
 __all__ = ["OperatorPartitioner", "aten_name"]
 
 #: Operator namespaces whose overloads have an ``aten::name.overload`` style name.
@@ -66,6 +68,9 @@ class OperatorPartitioner(Partitioner):
     ``compile_specs``: key -> bytes handed to ``preprocess`` as
     ``partition.compile_specs``. ``state_device``: where caller-owned state must
     live for this backend (the core records it in the program's contract).
+    ``max_partitions``: claim at most this many convex groups per method, the
+    largest (most operators) first; the rest stay for later backends or the
+    portable kernels (a backend that builds one engine per method: 1).
     """
 
     def __init__(
@@ -77,9 +82,13 @@ class OperatorPartitioner(Partitioner):
         keep_whole: Iterable[Any] = (),
         compile_specs: Mapping[str, bytes] | None = None,
         state_device: str = "cpu",
+        max_partitions: int | None = None,
     ) -> None:
         super().__init__()
+        if max_partitions is not None and (isinstance(max_partitions, bool) or not isinstance(max_partitions, int) or max_partitions < 1):
+            raise BackendError(f"{backend_id}: max_partitions must be a positive int or None, found {max_partitions!r}", backend_id=backend_id)
         self.backend_id = backend_id
+        self.max_partitions = max_partitions
         self.ops = frozenset(ops) if ops is not None else None
         self.supports = supports
         self.keep_whole = tuple(keep_whole)
@@ -102,10 +111,12 @@ class OperatorPartitioner(Partitioner):
         candidates = set(get_non_lowered_nodes(exported_program.graph))
         support = _Support(candidates, self.is_supported)
         proposer = CapabilityBasedPartitioner(exported_program.graph_module, support, allows_single_node_partition=True)
+        groups = [p for p in proposer.propose_partitions() if any(n.target is not operator.getitem for n in p.nodes)]
+        if self.max_partitions is not None:
+            groups = sorted(groups, key=lambda p: -sum(n.target is not operator.getitem for n in p.nodes))
+            groups = groups[: self.max_partitions]
         tags: dict[str, DelegationSpec] = {}
-        for partition in proposer.propose_partitions():
-            if all(n.target is operator.getitem for n in partition.nodes):
-                continue
+        for partition in groups:
             tag = f"{self.backend_id}_{partition.id}"
             for node in partition.nodes:
                 node.meta["delegation_tag"] = tag

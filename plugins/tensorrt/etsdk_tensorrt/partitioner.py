@@ -16,22 +16,14 @@ when written, an aliased engine output, never a constant.
 
 from __future__ import annotations
 
-import logging
-import operator
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 from etsdk.backend import OperatorPartitioner, aten_name
-from executorch.exir.backend.partitioner import DelegationSpec, PartitionResult
-from executorch.exir.backend.utils import get_non_lowered_nodes, tag_constant_data
-from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
-from torch.fx.passes.operator_support import OperatorSupportBase
 
 from etsdk_tensorrt import BACKEND_ID
 from etsdk_tensorrt.options import OPTIONS_SPEC, BuildOptions
-
-logger = logging.getLogger(__name__)
 
 #: Edge-dialect operator -> the ONNX operator(s) torch's exporter turns it into (opset 24), which
 #: TensorRT's ONNX parser imports. "ns::op" claims every overload, "ns::op.overload" only that one.
@@ -145,16 +137,6 @@ def supported(node: torch.fx.Node) -> bool:
     return not any(t.dtype in _UNSUPPORTED_DTYPES for t in values)
 
 
-class _Claimable(OperatorSupportBase):
-    def __init__(self, candidates: set[torch.fx.Node], accept: Any) -> None:
-        self.candidates, self.accept = candidates, accept
-
-    def is_node_supported(self, submodules: Any, node: torch.fx.Node) -> bool:
-        if node.op != "call_function" or node not in self.candidates:
-            return False
-        return node.target is operator.getitem or bool(self.accept(node))
-
-
 class TensorRTPartitioner(OperatorPartitioner):
     """Tags the largest convex group of supported operators of a method for TensorRT.
 
@@ -170,25 +152,5 @@ class TensorRTPartitioner(OperatorPartitioner):
             supports=supported,
             compile_specs={OPTIONS_SPEC: self.options.to_bytes()},
             state_device=self.options.state_device,
+            max_partitions=1,  # one engine per method: the largest convex group
         )
-
-    def partition(self, exported_program: torch.export.ExportedProgram) -> PartitionResult:
-        candidates = set(get_non_lowered_nodes(exported_program.graph))
-        proposer = CapabilityBasedPartitioner(
-            exported_program.graph_module, _Claimable(candidates, self.is_supported), allows_single_node_partition=True
-        )
-        groups = [p for p in proposer.propose_partitions() if any(n.target is not operator.getitem for n in p.nodes)]
-        tags: dict[str, DelegationSpec] = {}
-        if groups:
-            chosen = max(groups, key=lambda p: sum(n.target is not operator.getitem for n in p.nodes))
-            if len(groups) > 1:
-                logger.debug(
-                    "%s: %d groups of supported operators; the largest (%d nodes) becomes the engine",
-                    BACKEND_ID, len(groups), len(chosen.nodes),
-                )
-            tag = f"{BACKEND_ID}_{chosen.id}"
-            for node in chosen.nodes:
-                node.meta["delegation_tag"] = tag
-            tags[tag] = self.delegation_spec
-        tag_constant_data(exported_program)
-        return PartitionResult(tagged_exported_program=exported_program, partition_tags=tags)
