@@ -217,8 +217,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads(N) first (default: leave it)")
     parser.add_argument("--contended", action="store_true", help="also run every path beside one busy process")
     parser.add_argument("--no-xnnpack", action="store_true", help="skip the XNNPACK peer (its export is slow)")
-    parser.add_argument("--workdir", default=None, help="keep the exported programs here and reuse them when present "
-                        "(a 135M-parameter AOTI export takes minutes; delete the directory after changing the code)")
+    parser.add_argument("--workdir", default=None, help="keep the exported programs here and reuse them for the same "
+                        "--model/--shape/sizes (a 135M-parameter AOTI export takes minutes; delete the directory "
+                        "after changing the code)")
     args = parser.parse_args()
     T, S = args.prefill, args.context
     if T + args.new > S:
@@ -237,7 +238,13 @@ def main() -> None:
         tmp = Path(args.workdir) if args.workdir else Path(scratch)
         tmp.mkdir(parents=True, exist_ok=True)
         pte = tmp / "model.pte"
-        if not (args.workdir and pte.is_file()):
+        # a workdir's programs are reused only for the same model and sizes (else they are exported again)
+        stamp = json.dumps({k: getattr(args, k) for k in ("model", "shape", "hidden", "layers", "vocab", "prefill", "context")})
+        reuse = bool(args.workdir) and (tmp / "programs.json").is_file() and (tmp / "programs.json").read_text() == stamp
+        if not reuse:
+            for stale in ("model.pte", "xnnpack.pte"):
+                (tmp / stale).unlink(missing_ok=True)
+        if not (reuse and pte.is_file()):
             export(model, pte, backend="aoti", prefill_length=T, context_length=S,
                    partitioner_options={"EtsdkAotiBackend": {"device": "cpu"}}, quiet=True)
         runner = HfStaticRunner.from_file(pte)
@@ -274,7 +281,7 @@ def main() -> None:
         peers["eager"] = run_eager
         if not args.no_xnnpack:
             xnn_path = tmp / "xnnpack.pte"
-            if args.workdir and xnn_path.is_file():
+            if reuse and xnn_path.is_file():
                 from executorch.runtime import Runtime
 
                 xnn = Runtime.get().load_program(xnn_path)
@@ -297,6 +304,8 @@ def main() -> None:
                 return prefill_s * 1e3, steps / seconds, (_minor_faults() - faults) / steps
 
             peers["xnnpack"] = run_xnnpack
+        if args.workdir:
+            (tmp / "programs.json").write_text(stamp)
 
         def run_limit(steps: int) -> tuple[float, float, float]:
             reads = max(4, steps // 4)

@@ -8,11 +8,13 @@ left) and on which device.
 from __future__ import annotations
 
 import torch
+from etsdk import ExportError
 from etsdk.backend import OperatorPartitioner
 
 from etsdk_aoti import BACKEND_ID
 
 DEVICE_SPEC = "device"
+KERNEL_THREADS_SPEC = "kernel_threads"
 #: Operators kept out of ExecuTorch's decompositions: Inductor has a fused attention lowering for SDPA.
 #: Measured on a 26M-parameter decoder (decode ms/step, 2 cores, alternating runs): attention kept whole
 #: 7.1-9.3, nothing kept 6.7-9.4, every ATen op kept whole (as ExecuTorch's stock AOTI partitioner does) 9.5-11.8.
@@ -24,15 +26,25 @@ def default_device() -> str:
 
 
 class AotiPartitioner(OperatorPartitioner):
-    """``device``: ``"cpu"`` or ``"cuda"`` (default: cuda when available)."""
+    """``device``: ``"cpu"`` or ``"cuda"`` (default: cuda when available).
 
-    def __init__(self, device: str | None = None) -> None:
+    ``kernel_threads``: OpenMP threads of Inductor's generated CPU kernels (``cpp.threads``): 1 (default) runs
+    them on the calling thread, -1 uses the caller's team. In LLM decode they are small (norms, rotary, SiLU,
+    cache writes) and each parallel region is a point where a step waits for a descheduled thread under
+    contention; a model dominated by large elementwise work may want -1. GEMMs and attention always use the
+    caller's team.
+    """
+
+    def __init__(self, device: str | None = None, kernel_threads: int = 1) -> None:
         self.device = device or default_device()
         if self.device not in {"cpu", "cuda"} and not self.device.startswith("cuda:"):
             raise ValueError(f"etsdk-aoti compiles for 'cpu' or 'cuda', got device {self.device!r}")
+        if isinstance(kernel_threads, bool) or not isinstance(kernel_threads, int) or not (kernel_threads == -1 or kernel_threads >= 1):
+            raise ExportError(f"etsdk-aoti kernel_threads must be -1 (the caller's team) or >= 1, found {kernel_threads!r}")
+        self.kernel_threads = kernel_threads
         super().__init__(
             BACKEND_ID,
             keep_whole=KEEP_WHOLE,
-            compile_specs={DEVICE_SPEC: self.device.encode()},
+            compile_specs={DEVICE_SPEC: self.device.encode(), KERNEL_THREADS_SPEC: str(kernel_threads).encode()},
             state_device="cuda" if self.device.startswith("cuda") else "cpu",
         )

@@ -52,6 +52,12 @@ def etsdk_register_backends() -> list[BackendSpec]:
             capabilities=frozenset({Capability.CPU, Capability.CUDA, Capability.CALLER_OWNED_STATE, Capability.NAMED_DATA}),
             probe=_probe,
             description="AOTInductor-compiled partitions run through the model-container C API (cpu or cuda)",
-            options=(Option("device", str, None, "cpu, cuda or cuda:N (default: cuda when available)"),),
+            options=(
+                Option("device", str, None, "cpu, cuda or cuda:N (default: cuda when available)"),
+                Option(
+                    "kernel_threads", int, 1,
+                    "OpenMP threads of the generated CPU kernels: 1 (on the calling thread) or -1 (the caller's team)",
+                ),
+            ),
         )
     ]

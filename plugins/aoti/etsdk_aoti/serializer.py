@@ -42,7 +42,7 @@ from etsdk.backend import BlobWriter, DelegateSignature, Partition, StateBinding
 
 from etsdk_aoti import BLOB_FEATURE, STATE_INPUTS_FEATURE, weights
 from etsdk_aoti.library import ConstantKind, Library
-from etsdk_aoti.partitioner import DEVICE_SPEC
+from etsdk_aoti.partitioner import DEVICE_SPEC, KERNEL_THREADS_SPEC
 
 INDUCTOR_OPTIONS = {
     "aot_inductor.package": True,
@@ -52,10 +52,6 @@ INDUCTOR_OPTIONS = {
     # State reaches the compiled graph as inputs (never constants), so folding constant subgraphs can no
     # longer bake a state's example value in (tests/test_state.py::test_state_is_read_at_run_time_never_folded_...).
     "joint_graph_constant_folding": True,
-    # Generated CPU kernels run on the calling thread: in decode they are small (norms, rotary, SiLU, cache
-    # writes), and every OpenMP region is a point where a step waits for a descheduled thread when another
-    # process takes a core. The library GEMMs and attention still follow the caller's OpenMP team size.
-    "cpp.threads": 1,
 }
 
 
@@ -90,8 +86,9 @@ def copies_to_views(graph_module: Any, weights: set[str]) -> int:
     Only copies of ``weights`` (constant placeholders) and of views of them
     change: turning activation copies into views lets Inductor's attention
     pattern match edge graphs whose scale is a tensor, which it cannot compile. A
-    node whose value is a graph output keeps its copy (an output must not alias a
-    weight).
+    node whose value is a graph output keeps its copy (caution: the runtime copies
+    results into the method's outputs today, but a library output aliasing a
+    weight would hand out the weight's storage to whoever reads it later).
     """
     targets = _copy_to_view_targets()
     of_weights = {n for n in graph_module.graph.nodes if n.op == "placeholder" and n.name in weights}
@@ -204,10 +201,12 @@ def state_as_inputs(module: Any, states: Sequence[StateBinding]) -> Any:
     from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
 
     graph = module.graph
-    anchor = [n for n in graph.nodes if n.op == "placeholder"][-1]
+    existing = [n for n in graph.nodes if n.op == "placeholder"]
     placeholders: dict[str, Any] = {}
+    anchor = existing[-1] if existing else None  # a partition fed by state alone has no engine input
     for index, binding in enumerate(states):
-        with graph.inserting_after(anchor):
+        where = graph.inserting_after(anchor) if anchor is not None else graph.inserting_before(next(iter(graph.nodes)))
+        with where:
             anchor = graph.placeholder(f"etsdk_state_{index}")
         placeholders[binding.fqn] = anchor
     for node in list(graph.nodes):
@@ -244,11 +243,18 @@ def _find_tensor(edge_program: Any, produced: dict[str, Any], fqn: str) -> Any:
 
 
 def compile_partition(
-    edge_program: Any, device: str, workdir: Path, states: Sequence[StateBinding] = (), weights: frozenset[str] = frozenset()
+    edge_program: Any,
+    device: str,
+    workdir: Path,
+    states: Sequence[StateBinding] = (),
+    weights: frozenset[str] = frozenset(),
+    kernel_threads: int = 1,
 ) -> tuple[Path, dict[str, Any]]:
     """AOTInductor-compile the partition with ``states`` as inputs after the engine inputs.
 
     ``weights``: the placeholders of the partition's constants (read in place, never copied per call).
+    ``kernel_threads``: Inductor's ``cpp.threads`` for the generated CPU kernels (1: on the calling thread, so
+    small decode kernels open no parallel region that a descheduled thread can stall; -1: the caller's team).
     Returns the library path and the weights Inductor kept aside.
     """
     from torch.export.passes import move_to_device_pass
@@ -262,7 +268,7 @@ def compile_partition(
     if states:
         example += tuple(values[binding.placeholder] for binding in states)
         module = state_as_inputs(module, states)
-    options = dict(INDUCTOR_OPTIONS, **{"aot_inductor.output_path": str(workdir)})
+    options = dict(INDUCTOR_OPTIONS, **{"aot_inductor.output_path": str(workdir), "cpp.threads": kernel_threads})
     with torch.no_grad():
         outputs = torch._inductor.aot_compile(module, example, options=options)
     produced = outputs if isinstance(outputs, list) else [outputs]
@@ -330,7 +336,10 @@ def preprocess(partition: Partition) -> bytes:
     weights_key = None
     try:
         weights_read = frozenset(c.placeholder for c in partition.constants())
-        library_path, produced = compile_partition(edge_program, device, workdir, signature.states, weights_read)
+        kernel_threads = int(partition.compile_specs.get(KERNEL_THREADS_SPEC, b"1").decode())
+        library_path, produced = compile_partition(
+            edge_program, device, workdir, signature.states, weights_read, kernel_threads
+        )
         # The constants' metadata is read from a container on the compile device: the
         # blob is written from what the container says, not from the state dict.
         library = Library(library_path, device)

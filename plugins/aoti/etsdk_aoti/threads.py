@@ -1,18 +1,24 @@
 """Per-call OpenMP team size for the compiled library: all threads on free cores, one thread under contention.
 
-AOTInductor's CPU kernels and the library GEMV / attention they call each open an
-OpenMP parallel region (a few hundred per decode step). With every thread on its
-own core a region costs microseconds; when another process takes a core, every
-region waits for a descheduled thread and a decode step gets 3-10x slower, while
-one thread alone keeps a full core. :class:`TeamSize` picks the team size per
-call: on Linux from how much of this process's cores other processes used since
-the last look (/proc/stat minus this process's own CPU time), elsewhere by timing
-both sizes now and then. The size is set on the calling thread only, for the
-call only: ``omp_set_num_threads`` (an OpenMP ICV of that thread) and MKL's
+The library's GEMV / attention calls each open an OpenMP parallel region (a
+few hundred per decode step; generated kernels run on the calling thread, see
+the serializer's ``cpp.threads``). With every thread on its own core a region
+costs microseconds; when another process takes a core, every region waits for
+a descheduled thread and a decode step gets 3-10x slower, while one thread
+alone keeps a full core. :class:`TeamSize` picks the team size per call: from
+how much of this process's cores other processes used since the last look
+(/proc/stat minus this process's own CPU time, Linux), or, where /proc/stat
+cannot be read, by timing both sizes now and then. Where torch's own OpenMP
+entry points cannot be found (a torch built with another OpenMP runtime) the
+caller's team size is kept. The size is set on the calling thread only, for
+the call only: ``omp_set_num_threads`` (an OpenMP ICV of that thread) and MKL's
 thread-local team size (its GEMMs keep their own). Nothing process-wide changes
-(``torch.set_num_threads`` would also switch MKL's dynamic mode off). ``ETSDK_AOTI_THREADS=fixed`` keeps the
-caller's team size.
-"""
+(``torch.set_num_threads`` would also switch MKL's dynamic mode off).
+``ETSDK_AOTI_THREADS=fixed`` keeps the caller's team size.
+
+Limits: the load signal sees other processes only; other threads of this
+process (a second program decoding on another thread, a busy tokenizer) count
+as ours and never make the team smaller."""
 
 from __future__ import annotations
 
@@ -35,6 +41,7 @@ _SLOW = 1.5  # a call this much slower than its recent ones re-checks one thread
 _SHORT = 0.5  # idle cores this much fewer than the team: one thread
 _ENOUGH = 0.3  # ... at most this much fewer: all threads again
 _WINDOW = 0.1  # seconds: the shortest window other processes' load is measured over (/proc/stat counts in ticks)
+_STALE = 1.0  # seconds: a longer window (the library sat idle) says little about now: start a fresh one
 
 
 def _cpu_times(cpus: frozenset[int]) -> tuple[int, int] | None:
@@ -82,6 +89,9 @@ class _OtherLoad:
         now = self._now()
         if now is None:
             return
+        if now[3] - self.mark[3] > _STALE:  # keep the last decision until a fresh window has passed
+            self.mark = now
+            return
         busy, total = now[0] - self.mark[0], now[1] - self.mark[1]
         ours = (now[2] - self.mark[2]) * self.hz
         per_core = total / len(self.cpus)
@@ -91,19 +101,30 @@ class _OtherLoad:
 
 
 @functools.lru_cache(maxsize=1)
-def _libgomp() -> Any:
-    """The OpenMP runtime the compiled library uses (torch's libgomp, already loaded); None if there is none."""
+def _torch_cpu() -> Any:
+    """torch's ``libtorch_cpu`` (already loaded), or None where there is none (a torch without it)."""
     try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                if "libgomp" in line and line.split()[-1].startswith("/"):
-                    return ctypes.CDLL(line.split()[-1])
-    except OSError:
-        pass
-    try:
-        return ctypes.CDLL("libgomp.so.1")
+        import torch
+
+        return ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
     except OSError:
         return None
+
+
+def _libgomp() -> Any:
+    """The OpenMP entry points torch itself uses, or None.
+
+    Looked up through ``libtorch_cpu``'s handle (dlsym searches that library's own dependencies): the first
+    libgomp mapped in the process may be another package's copy (scikit-learn ships one), whose settings torch
+    never reads. Never loads an OpenMP runtime of its own.
+    """
+    library = _torch_cpu()
+    try:
+        if library is not None and library.omp_set_num_threads and library.omp_get_max_threads:
+            return library
+    except AttributeError:
+        pass
+    return None
 
 
 @functools.lru_cache(maxsize=1)
@@ -117,11 +138,8 @@ def _mkl_local() -> Any:
     thread-local setting they would still open two-thread regions while the generated kernels run on one.
     """
     try:
-        import torch
-
-        library = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
-        setter = library.MKL_Set_Num_Threads_Local
-    except (OSError, AttributeError):
+        setter = _torch_cpu().MKL_Set_Num_Threads_Local
+    except AttributeError:  # no libtorch_cpu (None) or no MKL in it
         return None
     setter.restype = ctypes.c_int
     setter.argtypes = [ctypes.c_int]
@@ -134,7 +152,8 @@ class TeamSize:
     Where /proc/stat is readable (Linux): from how many of this process's cores other processes kept busy since
     the last look: one thread when the cores left are ``_SHORT`` fewer than the team, all threads again when they
     are at most ``_ENOUGH`` fewer (hysteresis; a 16-core machine running something on 5 cores still gives a team
-    of 8 all its threads). Elsewhere: by timing, trying the other size now and then and keeping the faster.
+    of 8 all its threads). Where /proc/stat cannot be read: by timing, trying the other size now and then and
+    keeping the faster.
     """
 
     def __init__(self, mode: str | None = None) -> None:

@@ -243,3 +243,20 @@ def test_partitioner_asks_for_state_on_its_device() -> None:
 
     assert AotiPartitioner(device="cpu").state_device == "cpu"
     assert AotiPartitioner(device="cuda:0").state_device == "cuda"  # constructing needs no GPU
+
+
+def test_kernel_threads_option_reaches_the_compile_specs_and_bad_values_are_refused() -> None:
+    from etsdk_aoti.partitioner import KERNEL_THREADS_SPEC, AotiPartitioner
+
+    def specs(partitioner: AotiPartitioner) -> dict[str, bytes]:
+        return {spec.key: spec.value for spec in partitioner.delegation_spec.compile_specs}
+
+    assert specs(AotiPartitioner(device="cpu"))[KERNEL_THREADS_SPEC] == b"1"  # default: on the calling thread
+    assert specs(AotiPartitioner(device="cpu", kernel_threads=-1))[KERNEL_THREADS_SPEC] == b"-1"
+    for bad in (0, -2, True, 1.5):
+        with pytest.raises(etsdk.ExportError, match=r"kernel_threads must be -1 \(the caller's team\) or >= 1"):
+            AotiPartitioner(device="cpu", kernel_threads=bad)  # type: ignore[arg-type]
+    from etsdk.registry import get_backend
+
+    listed = {option.name for option in get_backend(BACKEND_ID).options}
+    assert {"device", "kernel_threads"} <= listed

@@ -86,3 +86,25 @@ def test_an_output_that_is_a_weight_view_keeps_its_copy() -> None:
     prepare_graph(program.graph_module, weights)
     outputs = next(n for n in program.graph.nodes if n.op == "output").args[0]
     assert _op_name(outputs[1]) in LAYOUT_COPIES, outputs[1].name
+
+
+def test_state_becomes_an_input_updated_in_place_even_without_other_inputs() -> None:
+    """A partition fed by state alone (no engine input) still gets its state as inputs, written in place."""
+    from etsdk.backend import StateBinding
+    from etsdk_aoti.serializer import state_as_inputs
+
+    class Counter(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("count", torch.zeros((), dtype=torch.int64))
+
+        def forward(self) -> torch.Tensor:
+            self.count.add_(1)
+            return self.count * 2
+
+    module = torch.export.export(Counter(), ()).module()
+    binding = StateBinding(placeholder="b_count", fqn="count", state="c", dtype="int64", shape=(), written=True)
+    module = state_as_inputs(module, [binding])
+    assert "count" not in dict(module.named_buffers())
+    caller_owned = torch.tensor(5)
+    assert int(module(caller_owned)) == 12 and int(caller_owned) == 6  # read from and written to the caller's tensor

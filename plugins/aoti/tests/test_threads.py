@@ -85,29 +85,43 @@ def test_the_setting_is_restored_when_the_call_raises(two_threads) -> None:
     assert two_threads.omp_get_max_threads() == 2
 
 
-def test_without_a_load_signal_timing_keeps_the_faster_size(two_threads) -> None:
+def test_without_a_load_signal_timing_keeps_the_faster_size(two_threads, monkeypatch) -> None:
     team = _team(_Load(available=False))
     clock = {"all": 0.010, "one": 0.004}  # one thread is faster (a core is taken)
     now = [0.0]
 
-    def fake_perf_counter() -> float:
-        return now[0]
-
     def call() -> None:
         now[0] += clock["one" if two_threads.omp_get_max_threads() == 1 else "all"]
 
-    original = threads.time.perf_counter
-    threads.time.perf_counter = fake_perf_counter
-    try:
-        for _ in range(threads._FIRST_INTERVAL + 3):
-            team.run(call)
-        assert team.best == "one", list(team.history)
-        clock.update({"all": 0.004, "one": 0.010})  # the core is free again: all threads win the next exploration
-        for _ in range(threads._BLIND_INTERVAL + 3):
-            team.run(call)
-        assert team.best == "all", list(team.history)[-10:]
-    finally:
-        threads.time.perf_counter = original
+    monkeypatch.setattr(threads.time, "perf_counter", lambda: now[0])
+    for _ in range(threads._FIRST_INTERVAL + 3):
+        team.run(call)
+    assert team.best == "one", list(team.history)
+    clock.update({"all": 0.004, "one": 0.010})  # the core is free again: all threads win the next exploration
+    for _ in range(threads._BLIND_INTERVAL + 3):
+        team.run(call)
+    assert team.best == "all", list(team.history)[-10:]
+
+
+def test_the_team_size_reaches_torch_itself(two_threads) -> None:
+    """The entry points are torch's own OpenMP runtime (not merely the first libgomp mapped in the process)."""
+    import torch
+
+    team = _team(_Load(cores=2.0))
+    seen: list[int] = []
+    team.run(lambda: seen.append(torch.get_num_threads()))
+    assert seen == [1] and torch.get_num_threads() == 2
+
+
+def test_a_stale_window_is_discarded(monkeypatch) -> None:
+    load = threads._OtherLoad()
+    if not load.available:
+        pytest.skip("no /proc/stat")
+    load.cores = 0.0
+    start = load.mark[3]
+    monkeypatch.setattr(threads.time, "monotonic", lambda: start + threads._STALE + 5)
+    load.update()  # the library sat idle: no verdict from a window that long, a fresh one starts
+    assert load.cores == 0.0 and load.mark[3] == start + threads._STALE + 5
 
 
 def test_fixed_mode_and_a_wrong_setting(monkeypatch, two_threads) -> None:
