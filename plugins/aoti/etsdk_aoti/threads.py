@@ -25,6 +25,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -41,7 +42,6 @@ _SLOW = 1.5  # a call this much slower than its recent ones re-checks one thread
 _SHORT = 0.5  # idle cores this much fewer than the team: one thread
 _ENOUGH = 0.3  # ... at most this much fewer: all threads again
 _WINDOW = 0.1  # seconds: the shortest window other processes' load is measured over (/proc/stat counts in ticks)
-_STALE = 1.0  # seconds: a longer window (the library sat idle) says little about now: start a fresh one
 
 
 def _cpu_times(cpus: frozenset[int]) -> tuple[int, int] | None:
@@ -73,6 +73,7 @@ class _OtherLoad:
         self.hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
         self.mark = self._now()
         self.cores: float | None = None  # others' cores over the last window of at least _WINDOW seconds
+        self._lock = threading.Lock()
 
     def _now(self) -> tuple[int, int, float, float] | None:
         times = _cpu_times(self.cpus)
@@ -83,14 +84,18 @@ class _OtherLoad:
         return self.mark is not None
 
     def update(self) -> None:
-        # the clock first: /proc/stat is read at most once per window, not once per call
+        # the clock first: /proc/stat is read at most once per window, not once per call (by any library)
         if self.mark is None or time.monotonic() - self.mark[3] < _WINDOW:
             return
+        with self._lock:
+            if time.monotonic() - self.mark[3] < _WINDOW:  # another thread took this window
+                return
+            self._update()
+
+    def _update(self) -> None:
+        assert self.mark is not None
         now = self._now()
         if now is None:
-            return
-        if now[3] - self.mark[3] > _STALE:  # keep the last decision until a fresh window has passed
-            self.mark = now
             return
         busy, total = now[0] - self.mark[0], now[1] - self.mark[1]
         ours = (now[2] - self.mark[2]) * self.hz
@@ -98,6 +103,19 @@ class _OtherLoad:
         if per_core > 0:
             self.cores = max(0.0, busy - ours) / per_core
         self.mark = now
+
+
+_shared: list[_OtherLoad] = []
+_shared_lock = threading.Lock()
+
+
+def shared_load() -> _OtherLoad:
+    """The process's one load signal: every library reads and refreshes it (the load is the process's, and a
+    library called once per turn, like prefill, then sees what the decode calls measured a moment ago)."""
+    with _shared_lock:
+        if not _shared:
+            _shared.append(_OtherLoad())
+        return _shared[0]
 
 
 @functools.lru_cache(maxsize=1)
@@ -164,7 +182,7 @@ class TeamSize:
         self._mkl = _mkl_local()
         self.mode = mode if self._gomp is not None else "fixed"
         self.best = "all"
-        self.load = _OtherLoad() if self.mode == "adaptive" else None
+        self.load = shared_load() if self.mode == "adaptive" else None
         self.average: dict[str, float] = {}
         self._recent: dict[str, list[float]] = {}
         self.interval = _FIRST_INTERVAL
