@@ -256,7 +256,5 @@ def test_kernel_threads_option_reaches_the_compile_specs_and_bad_values_are_refu
     for bad in (0, -2, True, 1.5):
         with pytest.raises(etsdk.ExportError, match=r"kernel_threads must be -1 \(the caller's team\) or >= 1"):
             AotiPartitioner(device="cpu", kernel_threads=bad)  # type: ignore[arg-type]
-    from etsdk.registry import get_backend
-
-    listed = {option.name for option in get_backend(BACKEND_ID).options}
+    listed = {option.name for option in etsdk.get_backend(BACKEND_ID).options}
     assert {"device", "kernel_threads"} <= listed
