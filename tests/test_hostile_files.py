@@ -215,3 +215,29 @@ def test_verify_reports_every_entry_and_method(pair: Path) -> None:
     assert report.ok and {e.status for e in report.entries} <= {"ok", "unverifiable"}
     assert report.methods == (("forward", "loaded"),)
     assert json.loads(json.dumps(report.to_json()))["ok"] is True
+
+
+@pytest.mark.parametrize("damage", ["no instructions", "output never written"])
+def test_a_method_that_would_compute_nothing_is_refused(tmp_path: Path, damage: str) -> None:
+    """A damaged instruction list can still parse (one flipped bit of its length did, in the seeded suite): the
+    method would return whatever its planned memory held. Refused before anything runs, naming the method."""
+    from executorch.exir._serialize._program import deserialize_pte_binary, serialize_pte_binary
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+    good = tmp_path / "good.pte"
+    etsdk.lower(module=model, example_inputs=(torch.randn(2, 8),), backend=BACKEND_ID).save(good)
+    etsdk.load(good)  # the undamaged program loads
+    pte = deserialize_pte_binary(good.read_bytes())
+    plan = pte.program.execution_plan[0]
+    if damage == "no instructions":
+        plan.chains[0].instructions = []
+        expected = r"method 'forward': delegate 0 is never called by an instruction"
+    else:  # the delegate is still called, but the method's output is no longer one of its arguments
+        call = plan.chains[0].instructions[-1].instr_args
+        output = plan.outputs[0]
+        call.args = [a for a in call.args if a != output]
+        expected = r"method 'forward': output 0 \(value \d+\) is written by no instruction"
+    bad = tmp_path / "bad.pte"
+    bad.write_bytes(bytes(serialize_pte_binary(pte)))
+    with pytest.raises(etsdk.ProgramError, match=expected):
+        etsdk.load(bad)

@@ -17,7 +17,8 @@ unique UTF-8 keys, tensor layouts whose size fits their segment.
 extended header, segments and named data as above, and every execution plan:
 value, operator, delegate, instruction and jump indices in range, tensors with
 a valid dtype, non-negative sizes, a dim order that is a permutation, planned
-memory inside its arena, constants inside their segment, delegate data present.
+memory inside its arena, constants inside their segment, delegate data present,
+every delegate called and every planned output written by some instruction.
 
 Every read goes through ``os.pread`` on a descriptor the caller holds: a file
 truncated while it is checked reads short and is refused; it never faults.
@@ -275,22 +276,29 @@ def _check_plan(plan: Table, p: int, constants: list[int], delegate_data: int, s
         if not (0 <= value < count or (optional and value == -1)):
             raise FormatError("flatbuffer", f"{where}: {what} refers to value {value}; the method has {count}")
 
+    planned: set[int] = set()  # tensors in planned memory: computed at run time unless they are inputs
+    items: dict[int, tuple[int, ...]] = {}  # tensor list value -> its tensors
     for i, value in enumerate(values):
         kind, body = value.union(0, "val")
         if kind not in _KERNEL_TYPES:
             raise FormatError("flatbuffer", f"{where}: value {i} has unknown type {kind}")
         if kind == _TENSOR and body is not None:
             external += _check_tensor(body, f"{where}: value {i}", arenas, used_end, constants)
+            if body.table(6, "allocation_info") is not None:
+                planned.add(i)
         elif kind in (_TENSOR_LIST, _OPTIONAL_TENSOR_LIST) and body is not None:
-            for item in body.scalars(0, "i", "items") or ():
+            items[i] = tuple(body.scalars(0, "i", "items") or ())
+            for item in items[i]:
                 index(item, f"tensor list value {i}", optional=kind == _OPTIONAL_TENSOR_LIST)
     for i, needed in enumerate(used_end):
         if needed > arenas[i] or arenas[i] > 2 * needed + _MAX_ARENA_SLACK:
             raise FormatError(
                 "flatbuffer", f"{where}: planned memory {i} is {arenas[i]} bytes, its tensors need {needed}"
             )
-    for side, field in (("input", 3), ("output", 4)):
-        for position, item in enumerate(plan.scalars(field, "i", f"{side}s") or ()):
+    inputs = tuple(plan.scalars(3, "i", "inputs") or ())
+    outputs = tuple(plan.scalars(4, "i", "outputs") or ())
+    for side, positions in (("input", inputs), ("output", outputs)):
+        for position, item in enumerate(positions):
             index(item, f"{side} {position}")
     operators = plan.length(6, "operators")
     delegates = plan.tables(7, "delegates") or []
@@ -309,6 +317,8 @@ def _check_plan(plan: Table, p: int, constants: list[int], delegate_data: int, s
         for spec in delegate.tables(2, "compile_specs") or ():
             spec.string(0, "key")
             spec.raw(1, "value")
+    called: set[int] = set()  # delegates some instruction calls
+    touched: set[int] = set()  # values some instruction reads or writes
     for c, chain in enumerate(plan.tables(5, "chains") or []):
         for side, field in (("input", 0), ("output", 1)):
             for item in chain.scalars(field, "i", f"{side}s") or ():
@@ -325,11 +335,16 @@ def _check_plan(plan: Table, p: int, constants: list[int], delegate_data: int, s
                 if not 0 <= target < limit:
                     thing = "operator" if kind == _KERNEL_CALL else "delegate"
                     raise FormatError("flatbuffer", f"{where}: {what} calls {thing} {target}; the method has {limit}")
+                if kind == _DELEGATE_CALL:
+                    called.add(target)
                 for a in body.scalars(1, "i", "args") or ():
                     index(a, f"{what} argument")
+                    touched.add(a)
+                    touched.update(items.get(a, ()))
             elif kind == _MOVE_CALL:
                 index(int(body.scalar(0, "i", "move_from")), what)
                 index(int(body.scalar(1, "i", "move_to")), what)
+                touched.add(int(body.scalar(1, "i", "move_to")))
             elif kind == _JUMP_FALSE_CALL:
                 index(int(body.scalar(0, "i", "cond_value_index")), what)
                 destination = int(body.scalar(1, "i", "destination_instruction"))
@@ -337,6 +352,14 @@ def _check_plan(plan: Table, p: int, constants: list[int], delegate_data: int, s
                     raise FormatError("flatbuffer", f"{where}: {what} jumps to instruction {destination}")
             else:
                 index(int(body.scalar(0, "i", "value_index")), what)
+    # A damaged instruction list can drop a call and still parse: the method would return whatever its planned
+    # memory held (found by a one-bit flip of a list length).
+    for d in range(len(delegates)):
+        if d not in called:
+            raise FormatError("flatbuffer", f"{where}: delegate {d} is never called by an instruction")
+    for position, item in enumerate(outputs):
+        if item in planned and item not in touched and item not in inputs:
+            raise FormatError("flatbuffer", f"{where}: output {position} (value {item}) is written by no instruction")
     return external
 
 
