@@ -113,6 +113,19 @@ def test_the_team_size_reaches_torch_itself(two_threads) -> None:
     assert seen == [1] and torch.get_num_threads() == 2
 
 
+def test_after_an_idle_spell_the_load_is_unknown_until_a_fresh_window(monkeypatch, two_threads) -> None:
+    """A window spanning an idle spell mixes in load that has ended: the team is the caller's until measured again."""
+    load = threads._OtherLoad()
+    if not load.available:
+        pytest.skip("no /proc/stat")
+    team = _team(load)  # type: ignore[arg-type]
+    team.best, load.cores = "one", 1.0  # contention was measured a while ago
+    later = load.mark[3] + threads._STALE + 5
+    monkeypatch.setattr(threads.time, "monotonic", lambda: later)
+    team.run(lambda: None)
+    assert load.cores is None and list(team.history) == ["all"] and load.mark[3] == later
+
+
 def test_every_library_shares_one_load_signal() -> None:
     """Prefill is called once per turn: it reads the signal the decode calls keep fresh."""
     first, second = threads.TeamSize("adaptive"), threads.TeamSize("adaptive")
