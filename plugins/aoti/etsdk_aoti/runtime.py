@@ -205,15 +205,15 @@ class AotiBinding:
         library.bind_user_managed(pairs)
         if any(r.get("source") == "folded" for r in records):
             library.run_constant_folding()
-        state_inputs = []
+        # the serializer passes every state binding, in binding order: anything else (a permutation of same-shaped
+        # caches would swap them silently) is a damaged or foreign blob
         indices = config.get("state_inputs") or []
-        if not isinstance(indices, list) or len(set(map(repr, indices))) != len(indices):
-            raise BlobFormatError(f"etsdk-aoti blob: state_inputs must be a list of distinct state indices, found {indices!r}")
-        for index in indices:
-            if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(context.states):
-                raise BlobFormatError(f"state input {index!r}: the delegate binds {len(context.states)} states")
-            binding = context.states[index]
-            state_inputs.append((index, tuple(binding.shape), str(binding.dtype)))
+        if indices != list(range(len(context.states))) or any(isinstance(i, bool) for i in indices):
+            raise BlobFormatError(
+                f"etsdk-aoti blob: state_inputs must be {list(range(len(context.states)))} (every state binding in "
+                f"order), found {indices!r}"
+            )
+        state_inputs = [(index, tuple(binding.shape), str(binding.dtype)) for index, binding in enumerate(context.states)]
         # the library's real arity, never the blob's word for it: a short input list would hand it stale handles
         signature = context.signature
         wanted = (len(signature.inputs) + len(state_inputs), len(signature.outputs))

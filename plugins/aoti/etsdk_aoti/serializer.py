@@ -6,7 +6,7 @@ The blob (etsdk container, feature ``aoti.container.v1``) holds three sections:
 * ``constants``: every constant the *container* reports, in its order: name,
   original FQN, kind, folded or not, dtype, shape, stride, size, and where its
   data comes from (``weights``: a slot of the weights entry; ``absent``;
-  ``folded``; ``state`` only in blobs written before state became inputs);
+  ``folded``; a state reaching the library as a constant fails the export);
 * ``config``: device, input / output counts, the weights' named-data key and size,
   and ``state_inputs``: the delegate's state bindings the library takes as
   inputs after the engine inputs (feature ``aoti.state_inputs.v1``).
@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 from etsdk import ExportError
-from etsdk.backend import BlobWriter, DelegateSignature, Partition, StateBinding, dtype_name
+from etsdk.backend import BlobWriter, DelegateSignature, Partition, StateBinding, aten_name, dtype_name
 
 from etsdk_aoti import BLOB_FEATURE, STATE_INPUTS_FEATURE, weights
 from etsdk_aoti.library import ConstantKind, Library
@@ -108,11 +108,9 @@ def copies_to_views(graph_module: Any, weights: set[str]) -> int:
 
 
 def _op_name(node: Any) -> str:
-    """``view_copy`` for edge ``aten.view_copy.default`` and ATen ``view_copy.default``; "" for non-calls."""
-    if getattr(node, "op", None) != "call_function":
-        return ""
-    parts = str(getattr(node.target, "__name__", node.target)).split(".")
-    return parts[-2] if len(parts) >= 2 else parts[0]
+    """``view_copy`` for edge and ATen ``aten::view_copy.default`` (from :func:`aten_name`); "" for anything else."""
+    name = aten_name(node.target) if getattr(node, "op", None) == "call_function" else None
+    return name.split("::", 1)[1].split(".")[0] if name else ""
 
 
 def _repeated_kv(node: Any) -> tuple[Any, int] | None:

@@ -214,12 +214,11 @@ class TeamSize:
         return other if self.since >= limit else self.best
 
     def _record(self, size: str, seconds: float) -> None:
+        """Timing fallback only (no load signal): keep the recent times per size and explore now and then."""
         samples = self._recent.setdefault(size, [])
         samples.append(seconds)
         del samples[:-3]
         self.average[size] = sorted(samples)[len(samples) // 2]
-        if self.load is not None and self.load.available:
-            return  # the load signal decides
         if size == self.best:
             self.since += 1
             if size == "all" and len(samples) > 1 and seconds > _SLOW * min(samples[:-1]):
@@ -248,14 +247,16 @@ class TeamSize:
             self._gomp.omp_set_num_threads(1)
             if self._mkl is not None:
                 mkl_before = self._mkl(1)  # returns the thread's previous local setting (0: none)
-        started = time.perf_counter()
+        timed = self.load is None or not self.load.available  # the load signal decides where it exists
+        started = time.perf_counter() if timed else 0.0
         try:
             return call()
         finally:
-            elapsed = time.perf_counter() - started
+            elapsed = time.perf_counter() - started if timed else 0.0
             if size == "one":
                 self._gomp.omp_set_num_threads(before)
                 if mkl_before is not None:
                     self._mkl(mkl_before)
-            self._record(size, elapsed)
+            if timed:
+                self._record(size, elapsed)
             self.history.append(size)

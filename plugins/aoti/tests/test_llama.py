@@ -95,3 +95,28 @@ def test_llama_persistence_check(pte: Path) -> None:
     after = program.run("decode", torch.tensor([[7]]), torch.tensor([1]), session=chained)[0]
     assert not torch.isnan(alone).any() and not torch.isnan(after).any()
     assert (alone - after).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("change", ["reversed", "missing", "bool"])
+def test_state_inputs_other_than_every_binding_in_order_are_refused(pte: Path, change: str) -> None:
+    """Same-shaped caches permuted would be swapped silently: the binding refuses before anything runs."""
+    from etsdk import BlobFormatError
+    from etsdk.backend import BlobWriter, InitContext
+    from etsdk.testing import NamedDataStub
+    from etsdk_aoti.runtime import AotiBinding
+
+    delegate = next(d for d in DELEGATES if d.method == "decode")
+    reader = BlobReader(delegate.payload, known_features={BLOB_FEATURE, STATE_INPUTS_FEATURE})
+    config = json.loads(bytes(reader.section("config")))
+    count = len(config["state_inputs"])
+    config["state_inputs"] = {
+        "reversed": list(reversed(range(count))), "missing": list(range(count - 1)), "bool": [True, *range(1, count)],
+    }[change]
+    writer = BlobWriter(required_features=reader.required_features)
+    for section in reader.sections:
+        data = json.dumps(config).encode() if section.name == "config" else reader.section(section.name)
+        writer.add_section(section.name, data, alignment=section.alignment)
+    named = NamedDataStub({config["weights_key"]: memoryview(delegate.named_data[config["weights_key"]])})
+    context = InitContext(BACKEND_ID, "decode", memoryview(writer.to_bytes()), {}, named, delegate.signature)  # type: ignore[arg-type]
+    with pytest.raises(BlobFormatError, match=r"state_inputs must be \[0, 1, .*\] \(every state binding in order\)"):
+        AotiBinding().init(context)
