@@ -39,7 +39,7 @@ class Region:
 
 def _blob_regions(data: bytes, start: int, end: int, label: str) -> list[Region]:
     """A delegate's segment: the core's container (header, signature), the payload's head, the payload's bulk."""
-    from etsdk.blob import BLOB_MAGIC
+    from etsdk._format.blob import BLOB_MAGIC
 
     inner = data.find(BLOB_MAGIC, start + 8, min(end, start + 65536))  # the plugin's own container, if it has one
     payload = inner if inner != -1 else min(end, start + 512)
@@ -54,7 +54,7 @@ def _blob_regions(data: bytes, start: int, end: int, label: str) -> list[Region]
 
 def pte_regions(path: Path) -> list[Region]:
     """Header, flatbuffer, padding, then every segment: delegate blobs split by part, named data by key."""
-    from etsdk._formats import read_program_file
+    from etsdk._format.program_file import read_program_file
 
     data = path.read_bytes()
     fd = os.open(path, os.O_RDONLY)
@@ -109,7 +109,7 @@ def mutations(regions: Sequence[Region], size: int, rng: random.Random, per_regi
 
 def worker_env(cache: Path) -> dict[str, str]:
     """The worker's environment: this checkout first on the path, a private etsdk cache (the bridge shared)."""
-    from etsdk.bridge.build import cache_dir
+    from etsdk._runtime.bridge.build import cache_dir
 
     cache.mkdir(parents=True, exist_ok=True)
     bridge = cache_dir() / "bridge"

@@ -8,7 +8,7 @@ from typing import Any
 
 import etsdk
 from etsdk.backend import Option
-from etsdk.backends.reference.runtime import ReferenceBinding
+from etsdk.reference_backend.runtime import ReferenceBinding
 
 
 def make_backend_plugin(
@@ -29,7 +29,7 @@ def make_backend_plugin(
     def make_partitioner(**options: Any) -> Any:
         if partitioner is not None:
             return partitioner(**options)
-        from etsdk.backends.reference.partitioner import ReferencePartitioner
+        from etsdk.reference_backend.partitioner import ReferencePartitioner
 
         made = ReferencePartitioner(backend_id=backend_id, **options)
         made.keep_whole = keep_whole
@@ -38,7 +38,7 @@ def make_backend_plugin(
         return made
 
     def preprocess(partition: Any) -> Any:
-        from etsdk.backends.reference.serializer import preprocess as reference_preprocess
+        from etsdk.reference_backend.serializer import preprocess as reference_preprocess
 
         return reference_preprocess(partition)
 

@@ -136,7 +136,7 @@ def _call_case(case: dict[str, Any]) -> dict[str, Any]:
 
 
 def _cli_case(case: dict[str, Any]) -> dict[str, Any]:
-    from etsdk.cli import main
+    from etsdk.cli.main import main
 
     err = io.StringIO()
     out = io.StringIO()
@@ -149,11 +149,11 @@ def _cli_case(case: dict[str, Any]) -> dict[str, Any]:
 
 
 def _contract_case(case: dict[str, Any]) -> dict[str, Any]:
-    from etsdk.contract import Contract
+    from etsdk._state.contract import Contract
 
     contract = Contract.from_bytes(case["text"].encode())
     if contract.is_bound:
-        from etsdk.state import Session
+        from etsdk._state.session import Session
 
         Session(contract)  # storage is created from the parsed record: devices, dtypes, initial values
     return {"outcome": "accepted"}

@@ -8,9 +8,9 @@ import struct
 import tracemalloc
 from pathlib import Path
 
-import etsdk.blob as blob_module
+import etsdk._format.blob as blob_module
 import pytest
-from etsdk.blob import BLOB_MAGIC, BlobReader, BlobWriter
+from etsdk._format.blob import BLOB_MAGIC, BlobReader, BlobWriter
 from etsdk.errors import BlobFormatError, EtsdkError, UnsupportedFeatureError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

@@ -10,9 +10,9 @@ import etsdk
 import numpy as np
 import pytest
 import torch
-from etsdk.backends.reference import BACKEND_ID
-from etsdk.backends.reference.runtime import ReferenceBinding
-from etsdk.bridge import runtime_backend_names
+from etsdk._runtime.bridge import runtime_backend_names
+from etsdk.reference_backend import BACKEND_ID
+from etsdk.reference_backend.runtime import ReferenceBinding
 from etsdk.testing import PluginSite
 
 from tests.backends import RaisingBinding, make_backend_plugin
@@ -212,7 +212,7 @@ def test_registry_slots_running_out_is_a_clear_error(site: PluginSite) -> None:
     result = site.run_python(
         """
         import etsdk
-        from etsdk.bridge import ensure_registered, runtime_backend_names
+        from etsdk._runtime.bridge import ensure_registered, runtime_backend_names
         try:
             for i in range(40):
                 ensure_registered(f"EtsdkFiller{i}Backend")
@@ -306,7 +306,7 @@ def test_blob_requiring_unknown_feature_fails_closed(model: MLP, tmp_path: Path)
 
 
 def test_missing_compiler_says_what_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from etsdk.bridge import build
+    from etsdk._runtime.bridge import build
 
     monkeypatch.setenv("ETSDK_CACHE_DIR", str(tmp_path))  # nothing cached here: a build is needed
     monkeypatch.delenv("CXX", raising=False)
@@ -316,7 +316,7 @@ def test_missing_compiler_says_what_to_install(monkeypatch: pytest.MonkeyPatch, 
 
 
 def test_bridge_builds_into_the_cache_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from etsdk.bridge import build
+    from etsdk._runtime.bridge import build
 
     monkeypatch.setenv("ETSDK_CACHE_DIR", str(tmp_path))
     first = build.build()

@@ -26,9 +26,9 @@ BROKEN = """
     import dataclasses
     from etsdk import BackendSpec, hookimpl
     from etsdk.backend import BlobReader, BlobWriter, Capability, Option
-    from etsdk.backends.reference.partitioner import ReferencePartitioner
-    from etsdk.backends.reference.runtime import ReferenceBinding
-    from etsdk.backends.reference.serializer import preprocess
+    from etsdk.reference_backend.partitioner import ReferencePartitioner
+    from etsdk.reference_backend.runtime import ReferenceBinding
+    from etsdk.reference_backend.serializer import preprocess
 
     ETSDK_PLUGIN_API = ">=2,<3"
 

@@ -8,11 +8,11 @@ from typing import Any
 
 import etsdk
 import pytest
-from etsdk.backends.reference import BACKEND_ID
-from etsdk.contract import AliasKind, Contract, ContractError, Ownership
-from etsdk.core_plugin import CONTRACTS_DIR
+from etsdk._plugins.core_plugin import CONTRACTS_DIR
+from etsdk._state.contract import AliasKind, Contract, ContractError, Ownership
+from etsdk._state.signature import ProgramRecord
 from etsdk.errors import EtsdkError, UnsupportedFeatureError
-from etsdk.signature import ProgramRecord
+from etsdk.reference_backend import BACKEND_ID
 from etsdk.testing.toy_decoder import ToyDecoder, kv_decoder_contract, kv_decoder_methods
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -177,7 +177,7 @@ def test_record_drifting_from_spec_is_refused_at_load(toy_pte: Path, tmp_path: P
 
 
 def test_engine_io_is_checked_against_the_record(toy_pte: Path) -> None:
-    from etsdk.program import _check_engine_io
+    from etsdk._runtime.program import _check_engine_io
 
     program = etsdk.load(toy_pte)
     other = Contract.from_bytes(SPEC_PATH.read_bytes()).bind(**{**SIZES, "T": 5})

@@ -8,7 +8,7 @@ from typing import Any
 
 import etsdk
 import torch
-from etsdk.backends.reference.runtime import ReferenceBinding
+from etsdk.reference_backend.runtime import ReferenceBinding
 
 from tests.backends import make_backend_plugin
 

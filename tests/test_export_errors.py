@@ -5,8 +5,8 @@ from __future__ import annotations
 import etsdk
 import pytest
 import torch
-from etsdk.backends.reference import BACKEND_ID
-from etsdk.lowering import MethodSource
+from etsdk._export.lower import MethodSource
+from etsdk.reference_backend import BACKEND_ID
 from etsdk.testing.toy_decoder import ToyDecoder, kv_decoder_contract, kv_decoder_methods
 
 
@@ -81,8 +81,8 @@ def test_state_used_outside_the_delegate() -> None:
 
 
 def test_unbound_contract_is_refused() -> None:
-    from etsdk.contract import Contract
-    from etsdk.core_plugin import CONTRACTS_DIR
+    from etsdk._plugins.core_plugin import CONTRACTS_DIR
+    from etsdk._state.contract import Contract
 
     spec = Contract.from_bytes((CONTRACTS_DIR / "kv_decoder" / "1.json").read_bytes())
     with pytest.raises(etsdk.ExportError, match="must be bound to sizes"):

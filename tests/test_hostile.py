@@ -48,7 +48,7 @@ def _serial(art: dict[str, Any]) -> dict[str, Any]:
 
 
 def _keys_are_content_hashes(art: dict[str, Any]) -> bool:
-    from etsdk.integrity import verify
+    from etsdk._runtime.verification import verify
 
     report = verify(art["pte"], art["ptd"], methods=False)
     weights = [e for e in report.entries if e.key != "etsdk/program"]
@@ -180,7 +180,7 @@ def test_bad_call_arguments_are_refused_before_anything_runs(kind: str, artifact
 
 
 def _spec_text() -> str:
-    from etsdk.core_plugin import CONTRACTS_DIR
+    from etsdk._plugins.core_plugin import CONTRACTS_DIR
 
     return (CONTRACTS_DIR / "kv_decoder" / "1.json").read_text()
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import etsdk
 import pytest
 import torch
-from etsdk.backends.reference import BACKEND_ID
+from etsdk._export.lower import check_output_path
 from etsdk.errors import ExportError
-from etsdk.lowering import check_output_path
+from etsdk.reference_backend import BACKEND_ID
 
 from tests._hostile import worker_env
 
@@ -30,7 +30,7 @@ SCRIPT = textwrap.dedent(
     """
     import inspect, json, os, sys
     import torch, etsdk
-    from etsdk.backends.reference import BACKEND_ID
+    from etsdk.reference_backend import BACKEND_ID
 
     def lower(seed, width, external):
         torch.manual_seed(seed)
@@ -189,8 +189,9 @@ def test_only_regular_files_are_loaded(tmp_path: Path) -> None:
 def test_content_hash_check_names_the_damaged_entry(tmp_path: Path) -> None:
     import hashlib
 
-    from etsdk._formats import Entry
-    from etsdk.integrity import IntegrityError, content_digest, hash_entries, raise_on_mismatch
+    from etsdk._format.content_hash import content_digest, hash_entries, raise_on_mismatch
+    from etsdk._format.program_file import Entry
+    from etsdk.errors import IntegrityError
 
     data = os.urandom(3 << 20) + b"tail"
     path = tmp_path / "blob.bin"
@@ -209,7 +210,7 @@ def test_content_hash_check_names_the_damaged_entry(tmp_path: Path) -> None:
 
 
 def test_verify_reports_every_entry_and_method(pair: Path) -> None:
-    from etsdk.integrity import verify
+    from etsdk._runtime.verification import verify
 
     report = verify(pair, pair.with_suffix(".ptd"))
     assert report.ok and {e.status for e in report.entries} <= {"ok", "unverifiable"}

@@ -17,7 +17,7 @@ import etsdk
 import pytest
 import torch
 from etsdk.backend import OperatorPartitioner, aten_name
-from etsdk.backends.reference.runtime import ReferenceBinding
+from etsdk.reference_backend.runtime import ReferenceBinding
 
 from tests.backends import make_backend_plugin
 
@@ -228,7 +228,7 @@ def test_an_operator_kept_whole_that_nobody_claims_is_a_clear_export_error() -> 
 
 
 def test_demo_resolves_short_backend_names(tmp_path: Path) -> None:
-    from etsdk.cli import main
+    from etsdk.cli.main import main
 
     assert main(["demo", "--backend", "reference", "--out-dir", str(tmp_path)]) == 0
     assert (tmp_path / "weights.ptd").is_file()

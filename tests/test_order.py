@@ -8,7 +8,7 @@ from pathlib import Path
 import etsdk
 import pytest
 import torch
-from etsdk.backends.reference import BACKEND_ID
+from etsdk.reference_backend import BACKEND_ID
 
 
 class TwoInputs(torch.nn.Module):
@@ -21,8 +21,8 @@ EXAMPLE = (torch.randn(2, 8), torch.randn(2, 8))
 
 def _edge() -> tuple[object, object]:
     """The reference backend's lowering of TwoInputs, through the core's partitioner wrapper."""
-    from etsdk.backends.reference.partitioner import ReferencePartitioner
-    from etsdk.delegation import CorePartitioner, LoweringContext, backend_details_class
+    from etsdk._export.core_partitioner import CorePartitioner, LoweringContext, backend_details_class
+    from etsdk.reference_backend.partitioner import ReferencePartitioner
     from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
 
     backend_details_class(BACKEND_ID)
@@ -44,7 +44,7 @@ def _delegate_call(graph_module: torch.fx.GraphModule) -> torch.fx.Node:
 
 
 def test_signatures_match_the_engine_order() -> None:
-    from etsdk.signature import check_binding_order
+    from etsdk._state.signature import check_binding_order
 
     edge, context = _edge()
     gm = edge.exported_program("forward").graph_module  # type: ignore[attr-defined]
@@ -55,7 +55,7 @@ def test_signatures_match_the_engine_order() -> None:
 
 
 def test_permuted_engine_arguments_are_an_export_error() -> None:
-    from etsdk.signature import check_binding_order
+    from etsdk._state.signature import check_binding_order
 
     edge, context = _edge()
     gm = edge.exported_program("forward").graph_module  # type: ignore[attr-defined]
@@ -68,7 +68,7 @@ def test_permuted_engine_arguments_are_an_export_error() -> None:
 
 def test_same_shaped_arguments_from_other_nodes_are_refused_by_identity() -> None:
     """Names and shapes can agree while the nodes differ: identity is what is checked."""
-    from etsdk.signature import NODE_ID_META, check_binding_order
+    from etsdk._state.signature import NODE_ID_META, check_binding_order
 
     edge, context = _edge()
     gm = edge.exported_program("forward").graph_module  # type: ignore[attr-defined]
@@ -113,7 +113,7 @@ def test_a_record_edited_after_export_is_refused_at_load(pte: Path, tmp_path: Pa
 
 def test_arguments_not_matching_the_signature_are_refused_before_the_binding_runs(pte: Path, tmp_path: Path) -> None:
     """A consistent record (uid recomputed) that disagrees with what the runtime binds: the first call refuses."""
-    from etsdk.signature import DelegateSignature
+    from etsdk._state.signature import DelegateSignature
 
     data = pte.read_bytes()
     start, end = _record_span(data)

@@ -58,7 +58,7 @@ def test_listing_imports_no_heavy_dependencies(site: PluginSite) -> None:
     result = site.run_python(
         """
         import sys, json
-        from etsdk.cli import main
+        from etsdk.cli.main import main
         main(["plugins", "--json"])
         heavy = sorted(m for m in ("torch", "executorch", "tensorrt") if m in sys.modules)
         print("HEAVY=" + json.dumps(heavy))
@@ -203,7 +203,7 @@ def test_a_plugin_cannot_take_over_a_core_backend(site: PluginSite) -> None:
         print("OWNER", spec.partitioner.__module__, etsdk.get_backend("ShadowOwnBackend").id)
         """
     )
-    assert "OWNER etsdk.backends.reference.plugin ShadowOwnBackend" in lookup.stdout, lookup.stderr
+    assert "OWNER etsdk.reference_backend.plugin ShadowOwnBackend" in lookup.stdout, lookup.stderr
 
 
 CONTRACTS = """

@@ -15,13 +15,13 @@ from pathlib import Path
 import etsdk
 import pytest
 import torch
-from etsdk.backends.reference import BACKEND_ID
-from etsdk.contract import Contract, MethodSpec, Ownership, Role, StateSpec
+from etsdk._format.fingerprint import ModelFingerprint, states_fingerprint, weights_fingerprint
+from etsdk._state.contract import Contract, MethodSpec, Ownership, Role, StateSpec
+from etsdk._state.session import Session, StateError
+from etsdk._state.signature import ProgramRecord
+from etsdk._state.snapshot import Snapshot
 from etsdk.errors import ProgramError
-from etsdk.fingerprint import ModelFingerprint, states_fingerprint, weights_fingerprint
-from etsdk.signature import ProgramRecord
-from etsdk.snapshot import Snapshot
-from etsdk.state import Session, StateError
+from etsdk.reference_backend import BACKEND_ID
 from etsdk.testing.toy_decoder import ToyDecoder, kv_decoder_contract, kv_decoder_methods
 
 T = 4

@@ -13,9 +13,9 @@ from pathlib import Path
 import etsdk
 import pytest
 import torch
-from etsdk.backends.reference import BACKEND_ID
+from etsdk._state.session import Session, StateError, current_session
 from etsdk.errors import ExportError
-from etsdk.state import Session, StateError, current_session
+from etsdk.reference_backend import BACKEND_ID
 from etsdk.testing.toy_decoder import ToyDecoder, kv_decoder_contract, kv_decoder_methods
 
 T = 4
@@ -176,7 +176,7 @@ def test_session_passed_explicitly_from_another_thread(program: etsdk.Program, m
 
 
 def test_runtime_owned_state_is_per_session_and_reset() -> None:
-    from etsdk.contract import Contract, MethodSpec, Ownership, Role, StateSpec
+    from etsdk._state.contract import Contract, MethodSpec, Ownership, Role, StateSpec
 
     contract = Contract(
         "rt",
@@ -196,8 +196,8 @@ def test_runtime_owned_state_is_per_session_and_reset() -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised where CUDA is absent")
 def test_record_for_a_cuda_export_conforms_but_needs_a_device() -> None:
-    from etsdk.contract import Contract
-    from etsdk.core_plugin import CONTRACTS_DIR
+    from etsdk._plugins.core_plugin import CONTRACTS_DIR
+    from etsdk._state.contract import Contract
 
     spec = Contract.from_bytes((CONTRACTS_DIR / "kv_decoder" / "1.json").read_bytes())
     record = kv_decoder_contract(ToyDecoder(), T).with_state_device("cuda")
@@ -209,7 +209,7 @@ def test_record_for_a_cuda_export_conforms_but_needs_a_device() -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised where CUDA is absent")
 def test_state_on_a_missing_device_is_refused() -> None:
-    from etsdk.contract import Contract, MethodSpec, Role, StateSpec
+    from etsdk._state.contract import Contract, MethodSpec, Role, StateSpec
 
     contract = Contract(
         "dev", 1, methods=(MethodSpec("m", (), ()),), states=(StateSpec("k", Role.KV_CACHE_KEY, "float32", (2,), device="cuda"),)
@@ -220,7 +220,7 @@ def test_state_on_a_missing_device_is_refused() -> None:
 
 def test_reference_backend_updates_caches_in_place_not_by_copy(model: ToyDecoder, tmp_path: Path) -> None:
     """The functional index_put of each cache runs as index_put_ on the session storage: no copy per step."""
-    from etsdk.backends.reference.runtime import ReferenceBinding
+    from etsdk.reference_backend.runtime import ReferenceBinding
 
     from tests.backends import make_backend_plugin
 
@@ -244,7 +244,7 @@ def test_reference_backend_updates_caches_in_place_not_by_copy(model: ToyDecoder
 
 
 def test_lower_records_the_state_device_its_backends_ask_for(model: ToyDecoder, tmp_path: Path) -> None:
-    from etsdk.backends.reference.runtime import ReferenceBinding
+    from etsdk.reference_backend.runtime import ReferenceBinding
 
     from tests.backends import make_backend_plugin
 
@@ -259,7 +259,7 @@ def test_lower_records_the_state_device_its_backends_ask_for(model: ToyDecoder, 
 
 
 def test_backends_disagreeing_on_the_state_device_fail_export(model: ToyDecoder) -> None:
-    from etsdk.backends.reference.runtime import ReferenceBinding
+    from etsdk.reference_backend.runtime import ReferenceBinding
 
     from tests.backends import make_backend_plugin
 
@@ -288,8 +288,8 @@ def test_state_is_read_at_run_time_never_folded_at_compile_time(backend: str, tm
     library, so every call returned 1 whatever the session held. Fixed by turning Inductor's constant folding off."""
     import json
 
-    from etsdk.contract import Contract
-    from etsdk.lowering import MethodSource
+    from etsdk._export.lower import MethodSource
+    from etsdk._state.contract import Contract
 
     spec = {
         "format": "etsdk.contract", "format_version": [1, 0], "name": "test_counter", "version": 1,

@@ -1,4 +1,4 @@
-"""Strict torch.export shares parameters with Dynamo's real-value cache instead of cloning them (etsdk.tracing)."""
+"""Strict torch.export shares parameters with Dynamo's real-value cache instead of cloning them (etsdk._export.tracing)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import threading
 
 import pytest
 import torch
-from etsdk.tracing import weights_shared_while_tracing
+from etsdk._export.tracing import weights_shared_while_tracing
 
 builder = pytest.importorskip("torch._dynamo.variables.builder")
 
@@ -60,6 +60,6 @@ def _parameter_bytes_cloned(shared: bool) -> tuple[int, int]:
 
 def test_strict_export_does_not_clone_the_weights() -> None:
     cloned, weights = _parameter_bytes_cloned(shared=False)
-    assert cloned >= weights, f"torch no longer clones parameters while tracing ({cloned} of {weights} B); etsdk.tracing may be dropped"
+    assert cloned >= weights, f"torch no longer clones parameters while tracing ({cloned} of {weights} B); etsdk._export.tracing may be dropped"
     shared, _ = _parameter_bytes_cloned(shared=True)
     assert shared == 0, f"{shared} B of parameters were still cloned inside weights_shared_while_tracing()"

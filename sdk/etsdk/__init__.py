@@ -8,11 +8,26 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from etsdk import _moved
+from etsdk._apps.generation import ExportRequest, GenerationError, GenerationResult, Sampling
+from etsdk._format.blob import BlobReader, BlobWriter
+from etsdk._format.dtypes import dtype_name
+from etsdk._plugins.discovery import PluginStatus
+from etsdk._plugins.hookspec import PLUGIN_API_VERSION, hookimpl
+from etsdk._plugins.registry import (
+    PluginInfo,
+    get_backend,
+    get_contract,
+    get_runner,
+    list_plugins,
+    register_contracts,
+    register_plugin,
+    reset_registry,
+    resolve_backend_id,
+)
+from etsdk._plugins.specs import Availability, BackendSpec, Capability, ContractSpec, Option, RunnerSpec
+from etsdk._state.contract import Contract, ContractError
 from etsdk._version import __version__
-from etsdk.blob import BlobReader, BlobWriter
-from etsdk.contract import Contract, ContractError
-from etsdk.discovery import PluginStatus
-from etsdk.dtypes import dtype_name
 from etsdk.errors import (
     BackendError,
     BackendNotFoundError,
@@ -31,50 +46,38 @@ from etsdk.errors import (
     ProgramError,
     UnsupportedFeatureError,
 )
-from etsdk.generation import ExportRequest, GenerationError, GenerationResult, Sampling
-from etsdk.hookspec import PLUGIN_API_VERSION, hookimpl
-from etsdk.registration import Availability, BackendSpec, Capability, ContractSpec, Option, RunnerSpec
-from etsdk.registry import (
-    PluginInfo,
-    get_backend,
-    get_contract,
-    get_runner,
-    list_plugins,
-    register_contracts,
-    register_plugin,
-    reset_registry,
-    resolve_backend_id,
-)
 
 if TYPE_CHECKING:
-    from etsdk.bridge import InitContext, NamedData
-    from etsdk.integrity import VerifyReport, verify
-    from etsdk.lowering import Lowered, MethodSource, check_output_path, lower
-    from etsdk.program import Method, MethodInfo, Program, TensorInfo, data_beside, load
-    from etsdk.quiet import quiet_command_line
-    from etsdk.snapshot import Snapshot
-    from etsdk.state import Session, StateError, StateView
+    from etsdk._export.lower import Lowered, MethodSource, check_output_path, lower
+    from etsdk._runtime.bridge import InitContext, NamedData
+    from etsdk._runtime.program import Method, MethodInfo, Program, TensorInfo, data_beside, load
+    from etsdk._runtime.verification import VerifyReport, verify
+    from etsdk._state.session import Session, StateError, StateView
+    from etsdk._state.snapshot import Snapshot
+    from etsdk.cli.quiet import quiet_command_line
+
+_moved.install()
 
 _LAZY = {
-    "InitContext": "etsdk.bridge",
-    "NamedData": "etsdk.bridge",
-    "Session": "etsdk.state",
-    "StateError": "etsdk.state",
-    "StateView": "etsdk.state",
-    "Snapshot": "etsdk.snapshot",
-    "quiet_command_line": "etsdk.quiet",
-    "data_beside": "etsdk.program",
-    "Lowered": "etsdk.lowering",
-    "MethodSource": "etsdk.lowering",
-    "lower": "etsdk.lowering",
-    "check_output_path": "etsdk.lowering",
-    "verify": "etsdk.integrity",
-    "VerifyReport": "etsdk.integrity",
-    "Method": "etsdk.program",
-    "MethodInfo": "etsdk.program",
-    "Program": "etsdk.program",
-    "TensorInfo": "etsdk.program",
-    "load": "etsdk.program",
+    "InitContext": "etsdk._runtime.bridge",
+    "NamedData": "etsdk._runtime.bridge",
+    "Session": "etsdk._state.session",
+    "StateError": "etsdk._state.session",
+    "StateView": "etsdk._state.session",
+    "Snapshot": "etsdk._state.snapshot",
+    "quiet_command_line": "etsdk.cli.quiet",
+    "data_beside": "etsdk._runtime.program",
+    "Lowered": "etsdk._export.lower",
+    "MethodSource": "etsdk._export.lower",
+    "lower": "etsdk._export.lower",
+    "check_output_path": "etsdk._export.lower",
+    "verify": "etsdk._runtime.verification",
+    "VerifyReport": "etsdk._runtime.verification",
+    "Method": "etsdk._runtime.program",
+    "MethodInfo": "etsdk._runtime.program",
+    "Program": "etsdk._runtime.program",
+    "TensorInfo": "etsdk._runtime.program",
+    "load": "etsdk._runtime.program",
 }
 
 

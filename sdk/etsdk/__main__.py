@@ -1,5 +1,5 @@
 import sys
 
-from etsdk.cli import main
+from etsdk.cli.main import main
 
 sys.exit(main())

@@ -1,7 +1,7 @@
 """The public API for writing an etsdk backend: everything a plugin receives and returns.
 
 A backend is three factories in an :class:`BackendSpec` (registered by the
-plugin's ``etsdk_register_backends`` hook, see :mod:`etsdk.hookspec`):
+plugin's ``etsdk_register_backends`` hook, see :mod:`etsdk._plugins.hookspec`):
 
 **Partitioner** ``partitioner(**options) -> Partitioner``
     Usually an :class:`OperatorPartitioner` naming the operators the backend
@@ -41,16 +41,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from etsdk.blob import BlobReader, BlobWriter
-from etsdk.bridge import DelegateHandle, InitContext, NamedData, RuntimeBinding, readonly_tensor
-from etsdk.bridge.build import cache_dir
-from etsdk.dtypes import dtype_name, torch_dtype
-from etsdk.partition import Constant, NamedDataWriter, Partition, StateUpdate
-from etsdk.registration import Availability, BackendSpec, Capability, Option
-from etsdk.signature import ArgSpec, DelegateSignature, StateBinding
+from etsdk._export.partition import Constant, NamedDataWriter, Partition, StateUpdate
+from etsdk._format.blob import BlobReader, BlobWriter
+from etsdk._format.dtypes import dtype_name, torch_dtype
+from etsdk._plugins.specs import Availability, BackendSpec, Capability, Option
+from etsdk._runtime.bridge import DelegateHandle, InitContext, NamedData, RuntimeBinding, readonly_tensor
+from etsdk._runtime.bridge.build import cache_dir
+from etsdk._state.signature import ArgSpec, DelegateSignature, StateBinding
 
 if TYPE_CHECKING:
-    from etsdk.partitioning import OperatorPartitioner, aten_name
+    from etsdk._export.operator_partitioner import OperatorPartitioner, aten_name
 
 __all__ = [
     "ArgSpec",
@@ -78,7 +78,7 @@ __all__ = [
     "torch_dtype",
 ]
 
-_LAZY = {"OperatorPartitioner": "etsdk.partitioning", "aten_name": "etsdk.partitioning"}
+_LAZY = {"OperatorPartitioner": "etsdk._export.operator_partitioner", "aten_name": "etsdk._export.operator_partitioner"}
 
 
 def __getattr__(name: str) -> Any:

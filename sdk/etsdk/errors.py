@@ -18,7 +18,13 @@ what was expected and what was found::
     │   └── IntegrityError           a named-data entry's bytes do not hash to its key
     ├── BlobFormatError              a delegate blob is malformed
     │   └── UnsupportedFeatureError  a blob requires a feature this reader lacks
-    └── ExportError                  lowering a model failed
+    ├── ExportError                  lowering a model failed
+    ├── ContractError                a contract is malformed or does not match a program
+    ├── StateError                   state is missing, foreign, or bound where it cannot be used
+    └── GenerationError              a generation request cannot run (ids, room left, sampling)
+
+Plugins derive their own errors from these (``etsdk_aoti.AotiError`` is a
+:class:`BackendError`), so one ``except etsdk.EtsdkError`` catches everything.
 """
 
 from __future__ import annotations
@@ -30,14 +36,17 @@ __all__ = [
     "BlobFormatError",
     "BridgeBuildError",
     "BridgeRegistryError",
+    "ContractError",
     "DelegateError",
     "EtsdkError",
     "ExportError",
+    "GenerationError",
     "IntegrityError",
     "PluginConflictError",
     "PluginError",
     "PluginLoadError",
     "PluginValidationError",
+    "StateError",
     "ProgramError",
     "UnsupportedFeatureError",
 ]
@@ -144,3 +153,15 @@ class UnsupportedFeatureError(BlobFormatError):
 
 class ExportError(EtsdkError):
     """Lowering or serialising a model failed."""
+
+
+class ContractError(EtsdkError):
+    """A contract specification or record is malformed or does not match a program."""
+
+
+class StateError(EtsdkError):
+    """State is missing, belongs to another program, or is bound where it cannot be used."""
+
+
+class GenerationError(EtsdkError):
+    """A generation request cannot run: bad token ids, no room left in the context, bad sampling options."""

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import etsdk
-from etsdk.registration import Capability
+from etsdk._plugins.specs import Capability
 
 REFERENCE = "EtsdkReferenceBackend"
 PAIR_CONTRACT = Path(__file__).resolve().parent / "data" / "pair.json"
@@ -49,7 +49,7 @@ class Kit:
         return capability in self.spec.capabilities
 
     def unavailable_reason(self) -> str | None:
-        from etsdk.registry import backend_availability
+        from etsdk._plugins.registry import backend_availability
 
         availability = backend_availability(self.backend_id)
         return None if availability is None or availability.available else availability.reason

@@ -90,8 +90,8 @@ def _worker(path: str, start: int) -> int:
     import torch
 
     import etsdk
-    from etsdk.bridge import InitContext
-    from etsdk.signature import DelegateSignature
+    from etsdk._runtime.bridge import InitContext
+    from etsdk._state.signature import DelegateSignature
     from etsdk.testing import NamedDataStub
 
     job = pickle.loads(Path(path).read_bytes())

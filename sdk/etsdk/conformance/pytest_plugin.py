@@ -41,7 +41,7 @@ def _no_explicit_paths(config: pytest.Config) -> bool:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     backends = metafunc.config.getoption("etsdk_backend")
     if "etsdk_backend_id" in metafunc.fixturenames and backends:
-        from etsdk.registry import resolve_backend_id
+        from etsdk._plugins.registry import resolve_backend_id
 
         ids = [resolve_backend_id(b) for b in backends]
         metafunc.parametrize("etsdk_backend_id", ids, scope="session", ids=ids)

@@ -24,8 +24,8 @@ import pytest
 import torch
 
 import etsdk
+from etsdk._plugins.specs import Capability
 from etsdk.conformance.kit import PREFILL, REFERENCE, Kit
-from etsdk.registration import Capability
 
 __all__ = [
     "kit",
@@ -286,7 +286,7 @@ def _mlp_delegate(kit: Kit) -> Any:
 
 def test_unknown_required_feature_refused(kit: Kit) -> None:
     """refusal of an unknown required feature: in the backend's own blob"""
-    from etsdk.bridge import InitContext
+    from etsdk._runtime.bridge import InitContext
     from etsdk.testing import NamedDataStub, with_required_feature
 
     delegate = _mlp_delegate(kit)

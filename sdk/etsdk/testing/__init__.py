@@ -42,7 +42,7 @@ class NamedDataStub:
         return list(self.entries)
 
     def get_tensor(self, key: str, dtype: object, shape: tuple[int, ...]) -> object:
-        from etsdk.bridge import tensor_over
+        from etsdk._runtime.bridge import tensor_over
 
         return tensor_over(key, memoryview(self.get(key)), dtype, shape)
 

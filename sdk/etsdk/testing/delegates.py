@@ -17,8 +17,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from etsdk.blob import BlobReader, BlobWriter
-from etsdk.signature import DelegateSignature
+from etsdk._format.blob import BlobReader, BlobWriter
+from etsdk._state.signature import DelegateSignature
 
 __all__ = ["CapturedDelegate", "capture_delegates", "transform_payloads", "with_required_feature"]
 
@@ -52,7 +52,7 @@ def _entries(writer: Any) -> dict[str, bytes]:
 @contextmanager
 def capture_delegates() -> Iterator[list[CapturedDelegate]]:
     """Collect every delegate sealed by ``etsdk.lower`` calls on this thread inside the block."""
-    from etsdk.delegation import export_hooks
+    from etsdk._export.core_partitioner import export_hooks
 
     captured: list[CapturedDelegate] = []
 
@@ -71,7 +71,7 @@ def capture_delegates() -> Iterator[list[CapturedDelegate]]:
 @contextmanager
 def transform_payloads(transform: Callable[[str, str, bytes], bytes]) -> Iterator[None]:
     """``transform(backend_id, method, payload) -> payload`` for every delegate exported on this thread."""
-    from etsdk.delegation import export_hooks
+    from etsdk._export.core_partitioner import export_hooks
 
     with export_hooks(transform=transform):
         yield

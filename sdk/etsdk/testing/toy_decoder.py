@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from etsdk.contract import Contract
-from etsdk.lowering import MethodSource
+from etsdk._export.lower import MethodSource
+from etsdk._state.contract import Contract
 
 
 class ToyDecoder(torch.nn.Module):
@@ -65,7 +65,7 @@ class ToyDecoder(torch.nn.Module):
 
 
 def kv_decoder_contract(model: ToyDecoder, prefill_length: int, vocab: int | None = None) -> Contract:
-    from etsdk.core_plugin import CONTRACTS_DIR
+    from etsdk._plugins.core_plugin import CONTRACTS_DIR
 
     spec = Contract.from_bytes((CONTRACTS_DIR / "kv_decoder" / "1.json").read_bytes())
     return spec.bind(

@@ -18,6 +18,6 @@ import trt_seams  # noqa: E402
 if __name__ == "__main__":
     patch = pytest.MonkeyPatch()
     trt_seams.install(patch, Path(os.environ["ETSDK_TENSORRT_TEST_CACHE"]), default_device="cpu")
-    from etsdk.cli import main
+    from etsdk.cli.main import main
 
     sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,503 @@
+"""Export side: lower a model's methods to plugin backends and write ``.pte`` / ``.ptd``.
+
+State (KV caches, counters) is declared, never inferred: each method maps the
+module buffers that hold state to state identities of the contract
+(``MethodSource(state={"layers.0.k_cache": "k0"})``). Those buffers are tagged
+into the one delegate that uses them (whichever backend of the method claims
+it), so they leave the top-level program (no planning, no copy-back, no
+constant freezing); the delegate's runtime binding receives the session's
+storage at run time. A mutated buffer that is not declared is an error.
+
+The per-backend machinery (the ``BackendDetails`` class ExecuTorch looks up,
+the core's partitioner wrapper, preprocess) lives in :mod:`etsdk._export.core_partitioner`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from etsdk._format.dtypes import dtype_name as _dtype_name
+from etsdk.errors import EtsdkError, ExportError
+
+__all__ = ["Lowered", "MethodSource", "check_output_path", "lower"]
+
+
+@dataclass(frozen=True, slots=True)
+class MethodSource:
+    """One method to export.
+
+    ``backends``: ids to lower to, each claiming what it supports, in order.
+    ``state``: module buffer FQN -> state identity of the contract, for every
+    buffer that holds state (read or written). ``example_kwargs`` are passed by
+    name (the engine binds them after the positional inputs, in this order).
+    ``strict``: use strict ``torch.export`` (Hugging Face static caches need it).
+    """
+
+    module: Any
+    example_inputs: tuple[Any, ...]
+    backends: tuple[str, ...] = ()
+    partitioner_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    strict: bool = False
+    state: Mapping[str, str] = field(default_factory=dict)
+    example_kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _progress(stage: str, quiet: bool, started: float) -> None:
+    if not quiet:
+        print(f"etsdk: {stage} ({time.perf_counter() - started:.1f}s)", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Lowered:
+    """An ExecuTorch program ready to be written.
+
+    ``record``: etsdk's program record (the contract, and each method's etsdk
+    delegates in engine order with their signatures and claimed operators),
+    the same thing ``etsdk inspect`` shows for a written file. ``manager``:
+    ExecuTorch's ``ExecutorchProgramManager``.
+    """
+
+    manager: Any
+    record: Any = None  # etsdk._state.signature.ProgramRecord
+    quiet: bool = True
+
+    @property
+    def methods(self) -> tuple[str, ...]:
+        return tuple(sorted(self.manager.methods))
+
+    def delegates(self, method: str) -> tuple[Any, ...]:
+        """The etsdk delegates of ``method`` in engine order (backend, signature with claimed operators)."""
+        if self.record is None or method not in self.record.methods:
+            raise ExportError(f"this program has no method '{method}' (methods: {', '.join(self.methods)})")
+        return tuple(self.record.methods[method])
+
+    @property
+    def data_files(self) -> tuple[str, ...]:
+        """Names (without ``.ptd``) of the external data files this program needs."""
+        # ExecutorchProgramManager keeps them as cords; reading its private map
+        # avoids the bytes copy its public accessors would make.
+        return tuple(sorted(getattr(self.manager, "_tensor_data", None) or {}))
+
+    def save(self, path: str | Path) -> list[Path]:
+        """Write the ``.pte`` and every ``.ptd`` beside it, atomically; returns the paths written.
+
+        The paths are checked first (:func:`check_output_path`). Every file is
+        written to a temporary file in the target directory and flushed to
+        disk; only when all are complete are they renamed into place (each
+        ``.ptd``, then the ``.pte``). A failure (a full disk, a kill) leaves the
+        previous files byte-identical and no partial file under the final
+        names. A program already loaded from the old files keeps running on
+        them: a rename never changes an open file.
+        """
+        path = check_output_path(path, self.data_files)
+        started = time.perf_counter()
+        _progress(f"writing {path}", self.quiet, started)
+        written = [path] + [path.parent / f"{name}.ptd" for name in self.data_files]
+        staging = _Staging(path.parent)
+        try:
+            with staging.file(path) as f:
+                self.manager.write_to_file(f)
+            if self.data_files:
+                _progress(f"writing {', '.join(n + '.ptd' for n in self.data_files)}", self.quiet, started)
+                self.manager.write_tensor_data_to_file(str(staging.directory()))
+                for name in self.data_files:
+                    staging.adopt(staging.directory() / f"{name}.ptd", path.parent / f"{name}.ptd")
+            staging.commit()
+        except OSError as exc:
+            staging.abort()
+            raise ExportError(
+                f"writing {path} failed: {exc.strerror or exc}; "
+                f"{'the previous files are unchanged' if any(p.exists() for p in written) else 'nothing was written'}"
+            ) from None
+        except BaseException:
+            staging.abort()
+            raise
+        _progress("written", self.quiet, started)
+        return written
+
+
+def lower(
+    methods: Mapping[str, MethodSource] | None = None,
+    *,
+    module: Any = None,
+    example_inputs: Sequence[Any] | None = None,
+    backend: str | Sequence[str] | None = None,
+    partitioner_options: Mapping[str, Any] | None = None,
+    contract: Any = None,
+    external_data: str | None = None,
+    quiet: bool = True,
+) -> Lowered:
+    """Export and lower a model.
+
+    Either one method (``module``, ``example_inputs``, ``backend``: exported as
+    ``forward``) or several (``methods``: name -> :class:`MethodSource`), each
+    with its own backends, in the order they claim operators (for example
+    prefill on one backend, decode on another, or several backends inside one
+    method). Backends are ids or short names (``aoti``). ``partitioner_options``:
+    the options of the one backend, or a mapping backend id -> options; every
+    option is checked against the backend's declared :class:`etsdk.Option` s.
+    ``contract``: a bound :class:`etsdk.Contract` record the methods follow; it
+    is checked here and embedded in the program. ``external_data``: put every
+    backend's named data (weights) in ``<external_data>.ptd`` beside the
+    ``.pte`` instead of inside it. Progress goes to stderr unless ``quiet``.
+    """
+    import torch
+    from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
+
+    from etsdk._export.core_partitioner import (
+        CorePartitioner,
+        LoweringContext,
+        backend_details_class,
+        check_mutations_declared,
+        kept_whole_left,
+    )
+    from etsdk._export.tracing import weights_shared_while_tracing
+    from etsdk._plugins.registry import edge_transform_passes, get_backend, resolve_backend_id
+    from etsdk._state.signature import PROGRAM_RECORD_KEY, ProgramRecord, check_binding_order
+
+    if methods is None:
+        if module is None or example_inputs is None:
+            raise ExportError("lower() needs either methods= or module= and example_inputs=")
+        backends = (backend,) if isinstance(backend, str) else tuple(backend or ())
+        methods = {"forward": MethodSource(module, tuple(example_inputs), backends, _keyed_options(backends, partitioner_options))}
+    elif partitioner_options is not None:
+        raise ExportError("with methods=, give partitioner options per method: MethodSource(partitioner_options=...)")
+    if contract is not None and not contract.is_bound:
+        raise ExportError(f"contract '{contract.name}' must be bound to sizes (contract.bind(...)) before export")
+    if external_data is not None and (not external_data or "/" in external_data or external_data.startswith(".")):
+        raise ExportError(f"external_data names a .ptd beside the .pte (a plain file stem), found {external_data!r}")
+    context = LoweringContext(quiet=quiet, external_data=external_data)
+    _check_state_identities(methods)
+    exported: dict[str, Any] = {}
+    partitioners: dict[str, list[Any]] = {}
+    passes: list[Any] = []
+    state_devices: set[str] = set()  # where the partitioners that take state want its storage
+    for name, source in methods.items():
+        resolved = tuple(resolve_backend_id(b) for b in source.backends)
+        options = {resolve_backend_id(b): dict(o) for b, o in source.partitioner_options.items()}
+        unknown = sorted(set(options) - set(resolved))
+        if unknown:
+            raise ExportError(
+                f"method '{name}': partitioner options given for backend(s) {', '.join(unknown)}, which the method "
+                f"does not use (backends: {', '.join(resolved) or 'none'})"
+            )
+        context.states[name] = dict(source.state)
+        wrappers: list[CorePartitioner] = []
+        for backend_id in resolved:
+            spec = get_backend(backend_id)
+            backend_details_class(backend_id)
+            inner = _make_partitioner(spec, options.get(backend_id, {}), name)
+            wrappers.append(CorePartitioner(inner, backend_id, name, context))
+            for p in edge_transform_passes(backend_id):
+                if p not in passes:
+                    passes.append(p)
+        context.partitioners[name] = wrappers
+        partitioners[name] = [w.partitioner for w in wrappers]
+        if source.state:
+            state_devices.update(w.state_device for w in wrappers)
+    for name, source in methods.items():
+        context.progress(f"tracing '{name}'")
+        try:
+            with weights_shared_while_tracing():
+                exported[name] = torch.export.export(
+                    source.module,
+                    tuple(source.example_inputs),
+                    kwargs=dict(source.example_kwargs) or None,
+                    strict=source.strict,
+                )
+        except Exception as exc:
+            raise ExportError(f"torch.export of method '{name}' failed: {type(exc).__name__}: {exc}") from exc
+        _check_state_declarations(name, source, exported[name], contract)
+        if contract is not None:
+            _check_engine_io(name, exported[name], contract)
+    if contract is not None:
+        missing = [m.name for m in contract.methods if m.name not in methods]
+        if missing:
+            raise ExportError(f"contract '{contract.name}' needs method(s) {', '.join(missing)} that were not given")
+    if contract is not None and contract.states:
+        contract = _with_state_device(contract, state_devices)
+    # model identity for session snapshots (etsdk._format.fingerprint): backend-independent, read before edge lowering
+    from etsdk._format.fingerprint import model_fingerprint
+
+    model = model_fingerprint(exported.values(), {fqn for s in methods.values() for fqn in s.state}, contract)
+    context.progress("lowering to edge and partitioning")
+    with context, _os_errors_as_export_errors("lowering"):
+        edge = to_edge_transform_and_lower(
+            exported,
+            partitioner=partitioners,
+            transform_passes=passes or None,
+            compile_config=EdgeCompileConfig(_check_ir_validity=False),
+        )
+    context.progress("checking binding order and state placement")
+    records = {}
+    for name, source in methods.items():
+        lowered_program = edge.exported_program(name)
+        if not source.backends:  # nothing was partitioned: every mutation is visible at the top level
+            check_mutations_declared(name, lowered_program.graph_signature.buffers_to_mutate.values(), source.state)
+        left = sorted(set(source.state) & set(lowered_program.graph_signature.buffers))
+        if left:
+            raise ExportError(
+                f"method '{name}': state buffer(s) {', '.join(left)} stayed in the top-level program; every operator "
+                "using declared state must be claimed by one delegate"
+            )
+        unclaimed = kept_whole_left(name, lowered_program.graph_module, list(context.kept.get(name, {}).values()))
+        if unclaimed:
+            raise ExportError(
+                f"method '{name}': operator(s) {', '.join(unclaimed)} were kept whole for a backend of this method "
+                "(ops_to_not_decompose) but no backend claimed them, and the portable kernels need them decomposed"
+            )
+        records[name] = check_binding_order(name, lowered_program.graph_module, context.sealed)
+    record = ProgramRecord(methods=records, contract=contract, producer=f"etsdk {_version()}", model=model)
+    store = getattr(edge, "_named_data_store", None)
+    if store is None:
+        raise ExportError("this executorch release has no program-level named data store; etsdk needs executorch==1.5.1")
+    store.add_named_data(PROGRAM_RECORD_KEY, record.to_bytes())
+    context.progress("emitting the ExecuTorch program")
+    with _os_errors_as_export_errors("emitting the program"):
+        manager = edge.to_executorch(ExecutorchBackendConfig(extract_delegate_segments=True))
+    context.progress("ready to write")
+    return Lowered(manager, record=record, quiet=quiet)
+
+
+@contextlib.contextmanager
+def _os_errors_as_export_errors(stage: str) -> Iterator[None]:
+    """ExecuTorch and compilers write temporary files: a full disk or a file-size limit is an ExportError."""
+    try:
+        yield
+    except OSError as exc:
+        raise ExportError(f"{stage} failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _keyed_options(backends: tuple[str, ...], options: Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """``lower(module=..., partitioner_options=...)``: flat options of one backend, or keyed by backend."""
+    if not options:
+        return {}
+    if all(isinstance(v, Mapping) for v in options.values()) and set(options) <= set(backends):
+        return {b: dict(v) for b, v in options.items()}
+    if len(backends) != 1:
+        raise ExportError(
+            f"partitioner_options for several backends ({', '.join(backends)}) must be keyed by backend: "
+            "{backend_id: {option: value}}"
+        )
+    return {backends[0]: dict(options)}
+
+
+def _make_partitioner(spec: Any, options: Mapping[str, Any], method: str) -> Any:
+    """The plugin's partitioner, after checking ``options`` against the backend's declared options."""
+    where = f"method '{method}', backend '{spec.id}'"
+    declared = {o.name: o for o in spec.options}
+    for key, value in options.items():
+        option = declared.get(key)
+        if option is None:
+            takes = ", ".join(o.describe() for o in spec.options) or "no options"
+            raise ExportError(f"{where}: unknown partitioner option '{key}'; the backend takes {takes}")
+        problem = option.check(value)
+        if problem is not None:
+            raise ExportError(f"{where}: partitioner option '{key}': {problem}")
+    try:
+        return spec.partitioner(**options)
+    except EtsdkError:
+        raise
+    except Exception as exc:
+        raise ExportError(f"{where}: creating the partitioner raised {type(exc).__name__}: {exc}") from exc
+
+
+def _check_state_identities(methods: Mapping[str, MethodSource]) -> None:
+    """One buffer is one state in every method of a program (the record names state by identity once)."""
+    seen: dict[str, tuple[str, str]] = {}
+    for name, source in methods.items():
+        for fqn, identity in source.state.items():
+            other = seen.setdefault(fqn, (identity, name))
+            if other[0] != identity:
+                raise ExportError(
+                    f"buffer '{fqn}' is state '{other[0]}' in method '{other[1]}' but state '{identity}' in method "
+                    f"'{name}'; a buffer holds one state"
+                )
+
+
+def _with_state_device(contract: Any, devices: set[str]) -> Any:
+    """The record with state stored where the backends taking it run (a partitioner's ``state_device``)."""
+    if len(devices) > 1:
+        raise ExportError(
+            f"contract '{contract.name}': the backends sharing its state want it on different devices "
+            f"({', '.join(sorted(devices))}); one session storage cannot live on all of them"
+        )
+    device = next(iter(devices), "cpu")
+    return contract if device == "cpu" else contract.with_state_device(device)
+
+
+def _version() -> str:
+    from etsdk import __version__
+
+    return __version__
+
+
+
+def _check_state_declarations(method: str, source: MethodSource, exported: Any, contract: Any) -> None:
+    """Declared state must be real buffers of the right shape, dtype and initial value."""
+    if source.state and contract is None:
+        raise ExportError(f"method '{method}' declares state but no contract was given; state is described by a contract")
+    buffers = dict(exported.named_buffers())
+    for fqn, identity in source.state.items():
+        if fqn not in buffers:
+            raise ExportError(
+                f"method '{method}': state '{identity}' names buffer '{fqn}', which the module does not have "
+                f"(buffers: {', '.join(sorted(buffers)) or 'none'})"
+            )
+        spec = contract.state(identity)
+        tensor = buffers[fqn]
+        found = (_dtype_name(tensor.dtype), tuple(tensor.shape))
+        if found != (spec.dtype, tuple(spec.shape)):
+            raise ExportError(
+                f"method '{method}': buffer '{fqn}' is {found[0]} {list(found[1])} but state '{identity}' is declared "
+                f"{spec.dtype} {list(spec.shape)}"
+            )
+        if tensor.numel() and not bool((tensor == spec.initial).all()):
+            raise ExportError(
+                f"method '{method}': buffer '{fqn}' holds values other than state '{identity}''s declared initial "
+                f"value {spec.initial}; reset the module's buffers before export (the program starts from the "
+                "declared initial value, not from the buffer's contents)"
+            )
+    method_spec = contract.method(method) if contract is not None else None
+    if method_spec is not None:
+        used = set(method_spec.states_read) | set(method_spec.states_written)
+        unmapped = sorted(used - set(source.state.values()))
+        if unmapped:
+            raise ExportError(
+                f"method '{method}' uses state(s) {', '.join(unmapped)} per contract '{contract.name}' but maps no "
+                "buffer to them (MethodSource(state={fqn: identity}))"
+            )
+
+
+def _check_engine_io(method: str, exported: Any, contract: Any) -> None:
+    """The exported method's user inputs and outputs must be the contract's engine-bound ones, in order."""
+    placeholders = {n.name: n for n in exported.graph.nodes if n.op == "placeholder"}
+    output_node = next(n for n in exported.graph.nodes if n.op == "output")
+    produced = dict(zip([s.arg.name for s in exported.graph_signature.output_specs], output_node.args[0]))
+
+    def described(node: Any) -> tuple[str, tuple[int, ...]] | None:
+        value: Any = node.meta.get("val") if hasattr(node, "meta") else None
+        return (_dtype_name(value.dtype), tuple(value.shape)) if hasattr(value, "dtype") else None
+
+    contract.check_engine_io(
+        method,
+        [described(placeholders[n]) for n in exported.graph_signature.user_inputs],
+        [described(produced[n]) for n in exported.graph_signature.user_outputs],
+        where="export",
+        error=ExportError,
+    )
+
+
+# ----------------------------------------------------------------------------- writing files
+
+
+def check_output_path(path: str | Path, data_files: Sequence[str] = ()) -> Path:
+    """Check that ``path`` (a ``.pte``) and ``<name>.ptd`` beside it can be written; return ``path``.
+
+    Raises a one-line :class:`ExportError` for a directory in the way, a file
+    where a directory should be, or a place this process may not write, before
+    any work is done (``etsdk export`` calls it before loading the model).
+    """
+    path = Path(path)
+    if not path.name or path.name in (".", ".."):
+        raise ExportError(f"cannot write the program to {str(path)!r}: it names a directory, not a file")
+    targets = [path] + [path.parent / f"{name}.ptd" for name in data_files]
+    for target in targets:
+        if target.is_dir():
+            raise ExportError(f"cannot write {target}: it is a directory")
+        if target.exists() and not target.is_file():
+            raise ExportError(f"cannot write {target}: it exists and is not a regular file")
+    ancestor = path.parent if str(path.parent) else Path(".")
+    while not ancestor.exists():
+        if ancestor.is_symlink():
+            raise ExportError(f"cannot write {path}: {ancestor} is a broken symbolic link")
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ExportError(f"cannot write {path}: {ancestor} is a file, not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ExportError(f"cannot write {path}: no permission to write in {ancestor}")
+    return path
+
+
+def _umask() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
+
+
+class _Staging:
+    """Temporary files beside their targets, renamed into place together by :meth:`commit`."""
+
+    def __init__(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.parent = directory
+        self._dir: Path | None = None
+        self._files: list[tuple[Path, Path]] = []  # (temporary, target)
+
+    def directory(self) -> Path:
+        if self._dir is None:
+            self._dir = Path(tempfile.mkdtemp(prefix=".etsdk-", suffix=".tmp", dir=self.parent))
+        return self._dir
+
+    @contextlib.contextmanager
+    def file(self, target: Path) -> Iterator[BinaryIO]:
+        fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=self.parent)
+        self._files.append((Path(name), target))
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+
+    def adopt(self, written: Path, target: Path) -> None:
+        """A file something else wrote into :meth:`directory`: flushed here, renamed at commit."""
+        fd = os.open(written, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._files.append((written, target))
+
+    def commit(self) -> None:
+        mode = 0o666 & ~_umask()
+        for temporary, _ in self._files:
+            os.chmod(temporary, mode)
+        # data files first: a reader never sees a new .pte next to old data it does not name
+        for temporary, target in sorted(self._files, key=lambda item: item[1].suffix == ".pte"):
+            os.replace(temporary, target)
+        self._files.clear()
+        self._sync_directory()
+        self.abort()
+
+    def _sync_directory(self) -> None:
+        try:
+            fd = os.open(self.parent, os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+    def abort(self) -> None:
+        for temporary, _ in self._files:
+            temporary.unlink(missing_ok=True)
+        self._files.clear()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None

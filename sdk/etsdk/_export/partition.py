@@ -1,0 +1,215 @@
+"""What a backend's ``preprocess`` receives: one delegated partition, its signature, and a named-data writer.
+
+A :class:`Partition` is the partition's edge ``ExportedProgram`` seen through
+etsdk's contract: its engine inputs and outputs in binding order (the
+:class:`~etsdk._state.signature.DelegateSignature`), its constants (parameters,
+non-state buffers, lifted tensor constants: weights to store, never state), the
+state it binds and the values that update that state. A backend never reads
+``graph_signature`` kinds itself, and never imports ExecuTorch's private
+``NamedDataStore``: constants and large files go through :class:`NamedDataWriter`,
+whose keys are content-addressed and verifiable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from etsdk._state.signature import DelegateSignature, StateBinding
+from etsdk.errors import ExportError
+
+__all__ = ["Constant", "NamedDataWriter", "Partition", "StateUpdate"]
+
+_CHUNK = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Constant:
+    """A tensor the partition reads that is part of the model: a parameter, buffer or lifted constant.
+
+    ``placeholder``: the partition's input node name; ``target``: the module FQN
+    (or lifted-constant name); ``tensor``: the value (shared with the exported
+    program: read it, never modify it).
+    """
+
+    placeholder: str
+    target: str
+    tensor: Any
+
+
+@dataclass(frozen=True, slots=True)
+class StateUpdate:
+    """A state the partition writes: the binding, and the graph node computing the new value.
+
+    Export functionalises in-place writes (``index_copy_`` becomes ``index_put``
+    plus this update); the runtime binding turns it back into an in-place update
+    of the session's storage.
+    """
+
+    binding: StateBinding
+    value: Any  # torch.fx.Node
+
+
+class NamedDataWriter:
+    """Adds a partition's data to the program's named data (the ``.pte``, or the ``.ptd`` the export chose).
+
+    Every key is ``"<namespace>/<sha256 hex of the bytes>"``: equal data is stored
+    once, and ``etsdk verify`` can check every entry against its key. Nothing
+    model-sized is held in memory: :meth:`add_file` streams a file the backend
+    wrote.
+    """
+
+    def __init__(self, namespace: str, external: str | None = None) -> None:
+        from executorch.exir._serialize._named_data_store import NamedDataStore
+
+        self.namespace = namespace
+        self.external = external
+        self._store = NamedDataStore()
+
+    def _key(self, digest: str) -> str:
+        return f"{self.namespace}/{digest}"
+
+    def add_tensor(self, tensor: Any, *, alignment: int = 64) -> str:
+        """Store ``tensor``'s bytes (contiguous); returns the key to read it back with ``NamedData.get_tensor``."""
+        import torch
+
+        data = tensor.detach().contiguous()
+        flat = data.reshape(-1).view(torch.uint8).numpy().data if data.numel() else b""
+        digest = hashlib.sha256(flat).hexdigest()
+        key = self._key(digest)
+        self._store.add_named_data(key, data, alignment=alignment, external_tag=self.external)
+        return key
+
+    def add_bytes(self, data: bytes | bytearray | memoryview, *, alignment: int = 64) -> str:
+        payload = bytes(data)
+        key = self._key(hashlib.sha256(payload).hexdigest())
+        self._store.add_named_data(key, payload, alignment=alignment, external_tag=self.external)
+        return key
+
+    def add_file(self, path: str | Path, *, sha256: str | None = None, cleanup: bool = False, alignment: int = 64) -> str:
+        """Store a file's bytes without loading them; ``sha256`` (hex) saves a second read when known.
+
+        ``cleanup``: delete the file once the program has been written.
+        """
+        from executorch.exir._serialize._cord import FileBackedData
+
+        path = Path(path)
+        if sha256 is None:
+            h = hashlib.sha256()
+            with path.open("rb") as f:
+                while chunk := f.read(_CHUNK):
+                    h.update(chunk)
+            sha256 = h.hexdigest()
+        key = self._key(sha256)
+        data = FileBackedData(str(path), cleanup=cleanup, sha256=bytes.fromhex(sha256))
+        self._store.add_named_data(key, data, alignment=alignment, external_tag=self.external)
+        return key
+
+    def output(self) -> Any:
+        """ExecuTorch's ``NamedDataStoreOutput`` (the core hands it over; backends never need it)."""
+        return self._store.get_named_data_store_output()
+
+
+def _silent(stage: str) -> None:
+    """Progress nobody shows (a partition built outside ``etsdk.lower``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Partition:
+    """One partition to compile, as ``preprocess(partition)`` receives it.
+
+    ``program``: the partition's edge ``ExportedProgram`` (a copy whose graph you
+    may change; its tensors are shared with the model: never modify them).
+    ``signature``: engine inputs / outputs in the order the runtime binding
+    receives them, and the state bindings in the order ``execute`` receives the
+    session's tensors. ``compile_specs``: what the partitioner's
+    ``DelegationSpec`` carried. ``named_data``: where weights go.
+    :meth:`progress` reports a stage of long work (a compile, an engine build)
+    the way ``etsdk.lower`` reports its own: on stderr unless the export is quiet.
+    """
+
+    backend_id: str
+    method: str
+    program: Any
+    signature: DelegateSignature
+    compile_specs: Mapping[str, bytes]
+    named_data: NamedDataWriter
+    reporter: Callable[[str], None] = field(default=_silent, repr=False)
+
+    def progress(self, stage: str) -> None:
+        """Report ``stage`` of this partition's compilation (shown unless the export is quiet)."""
+        self.reporter(f"{self.backend_id}: {stage}")
+
+    def _specs(self) -> dict[str, Any]:
+        return {spec.arg.name: spec for spec in self.program.graph_signature.input_specs}
+
+    def user_inputs(self) -> list[Any]:
+        """The placeholder nodes of the engine inputs, in binding order."""
+        from torch.export.graph_signature import InputKind
+
+        specs = self._specs()
+        return [
+            n for n in self.program.graph.nodes if n.op == "placeholder" and specs[n.name].kind == InputKind.USER_INPUT
+        ]
+
+    def state_inputs(self) -> list[Any]:
+        """The placeholder nodes of the bound state, in :attr:`signature` ``states`` order."""
+        by_name = {n.name: n for n in self.program.graph.nodes if n.op == "placeholder"}
+        return [by_name[s.placeholder] for s in self.signature.states]
+
+    def constants(self) -> list[Constant]:
+        """Parameters, non-state buffers and lifted tensor constants, in placeholder order.
+
+        Lifted scalar constants arrive as buffers or tensor constants: they are
+        constants here, never state (only declared state is state).
+        """
+        from torch.export.graph_signature import InputKind
+
+        specs = self._specs()
+        states = {s.placeholder for s in self.signature.states}
+        out: list[Constant] = []
+        for node in self.program.graph.nodes:
+            if node.op != "placeholder" or node.name in states:
+                continue
+            spec = specs[node.name]
+            if spec.kind == InputKind.USER_INPUT:
+                continue
+            if spec.kind not in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+                raise ExportError(
+                    f"backend '{self.backend_id}', method '{self.method}': partition input '{node.name}' is a "
+                    f"{spec.kind.name}, which etsdk does not hand to backends"
+                )
+            target = str(spec.target)
+            tensor = self.program.state_dict.get(target)
+            if tensor is None:
+                tensor = self.program.constants.get(target)
+            if tensor is None:
+                raise ExportError(f"partition input '{node.name}' ({target}) has no value in the exported program")
+            out.append(Constant(node.name, target, tensor))
+        return out
+
+    def state_updates(self) -> list[StateUpdate]:
+        """Each written state with the node computing its new value, in signature order."""
+        from torch.export.graph_signature import OutputKind
+
+        output = next(n for n in self.program.graph.nodes if n.op == "output")
+        by_fqn = self.signature.state_by_fqn
+        found: dict[str, Any] = {}
+        for value, spec in zip(output.args[0], self.program.graph_signature.output_specs):
+            if spec.kind == OutputKind.BUFFER_MUTATION and spec.target in by_fqn:
+                found[spec.target] = value
+        return [StateUpdate(s, found[s.fqn]) for s in self.signature.states if s.fqn in found]
+
+    def user_outputs(self) -> list[Any]:
+        """The graph values of the engine outputs, in binding order."""
+        from torch.export.graph_signature import OutputKind
+
+        output = next(n for n in self.program.graph.nodes if n.op == "output")
+        return [
+            value
+            for value, spec in zip(output.args[0], self.program.graph_signature.output_specs)
+            if spec.kind == OutputKind.USER_OUTPUT
+        ]

@@ -1,0 +1,30 @@
+"""The core's own registrations: the contract specifications shipped in ``etsdk/contracts``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from etsdk._plugins.hookspec import hookimpl
+from etsdk._plugins.specs import ContractSpec
+
+ETSDK_PLUGIN_API = ">=2,<3"
+
+CONTRACTS_DIR = Path(__file__).resolve().parent / "contracts"
+
+
+@hookimpl
+def etsdk_register_contracts() -> list[ContractSpec]:
+    return [
+        ContractSpec(
+            name="kv_decoder",
+            version=1,
+            path=CONTRACTS_DIR / "kv_decoder" / "1.json",
+            description="prefill / decode over per-layer caller-owned key/value caches, logits last",
+        ),
+        ContractSpec(
+            name="hf_static",
+            version=1,
+            path=CONTRACTS_DIR / "hf_static" / "1.json",
+            description="Hugging Face causal LM over a static cache: prefill (T) / decode (1), masks, counters",
+        ),
+    ]

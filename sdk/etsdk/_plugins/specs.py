@@ -1,0 +1,165 @@
+"""What a plugin hands to etsdk: small frozen records, cheap to build.
+
+A plugin's registration hooks return these records and nothing else. Fields
+that need heavy imports (torch, executorch, tensorrt) are *factories*: plain
+callables that import what they need only when a backend is actually used, so
+listing plugins never imports them.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "Availability",
+    "BackendSpec",
+    "Capability",
+    "ContractSpec",
+    "Option",
+    "RunnerSpec",
+]
+
+
+class Capability(str, enum.Enum):
+    """What a backend can do, as far as the core needs to know."""
+
+    CPU = "cpu"
+    CUDA = "cuda"
+    #: The backend binds caller-owned state (KV caches, counters) in place.
+    CALLER_OWNED_STATE = "caller_owned_state"
+    #: The backend reads weights from named data (.pte or an external .ptd).
+    NAMED_DATA = "named_data"
+    DYNAMIC_SHAPES = "dynamic_shapes"
+
+
+@dataclass(frozen=True, slots=True)
+class Availability:
+    """Whether a backend can run on this machine, and if not, why."""
+
+    available: bool
+    reason: str | None = None
+
+    @classmethod
+    def ok(cls) -> Availability:
+        return cls(True, None)
+
+    @classmethod
+    def unavailable(cls, reason: str) -> Availability:
+        if not reason:
+            raise ValueError("an unavailable backend must say why")
+        return cls(False, reason)
+
+
+def _always_available() -> Availability:
+    return Availability.ok()
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One partitioner option a backend accepts: ``etsdk.lower`` checks every option against these.
+
+    ``type``: the accepted Python type(s) (``bool`` is never accepted for ``int``);
+    ``choices``: the allowed values when the set is closed; ``default``: what
+    the partitioner uses when the option is not given (documentation only: the
+    core passes only the options the caller gave).
+    """
+
+    name: str
+    type: type | tuple[type, ...]
+    default: Any = None
+    help: str = ""
+    choices: tuple[Any, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name.isidentifier():
+            raise ValueError(f"option name must be a Python identifier, got {self.name!r}")
+
+    def describe(self) -> str:
+        types = self.type if isinstance(self.type, tuple) else (self.type,)
+        kinds = " | ".join(t.__name__ for t in types)
+        choices = f" one of {list(self.choices)}" if self.choices is not None else ""
+        return f"{self.name} ({kinds}{choices})"
+
+    def check(self, value: Any) -> str | None:
+        """Why ``value`` is not acceptable, or None."""
+        types = self.type if isinstance(self.type, tuple) else (self.type,)
+        if isinstance(value, bool) and bool not in types:
+            return f"expected {self.describe()}, found {value!r}"
+        if not isinstance(value, types):
+            return f"expected {self.describe()}, found {type(value).__name__} {value!r}"
+        if self.choices is not None and value not in self.choices:
+            return f"expected one of {list(self.choices)}, found {value!r}"
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class BackendSpec:
+    """One backend a plugin provides.
+
+    ``id`` is the ExecuTorch backend id: the name written into the ``.pte`` and
+    looked up in the runtime's backend registry. It must be a Python identifier
+    because ExecuTorch uses it as the ``BackendDetails`` class name.
+
+    ``partitioner(**options)`` returns an ExecuTorch ``Partitioner`` (usually an
+    :class:`etsdk.backend.OperatorPartitioner`); ``options`` declares every
+    option it takes, and ``etsdk.lower`` refuses undeclared or mistyped ones
+    naming the backend and the method. ``preprocess(partition)`` receives an
+    :class:`etsdk.backend.Partition` and returns the payload (``bytes`` or an
+    :class:`etsdk.BlobWriter`). ``runtime()`` returns the runtime binding
+    (:class:`etsdk.backend.RuntimeBinding`). ``probe()`` says whether the
+    backend can *run* here without importing heavy dependencies; exporting does
+    not need it to (a CPU machine may export for a GPU one).
+    """
+
+    id: str
+    version: str
+    partitioner: Callable[..., Any]
+    preprocess: Callable[..., Any]
+    runtime: Callable[[], Any]
+    capabilities: frozenset[Capability] = frozenset()
+    probe: Callable[[], Availability] = _always_available
+    description: str = ""
+    options: tuple[Option, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.id.isidentifier():
+            raise ValueError(f"backend id must be a Python identifier, got {self.id!r}")
+        for name in ("partitioner", "preprocess", "runtime", "probe"):
+            if not callable(getattr(self, name)):
+                raise TypeError(f"BackendSpec({self.id!r}).{name} must be callable")
+        if not all(isinstance(o, Option) for o in self.options):
+            raise TypeError(f"BackendSpec({self.id!r}).options must be a tuple of etsdk.Option")
+        names = [o.name for o in self.options]
+        if len(set(names)) != len(names):
+            raise ValueError(f"BackendSpec({self.id!r}).options declares an option twice: {names}")
+
+
+@dataclass(frozen=True, slots=True)
+class ContractSpec:
+    """A versioned I/O contract, specified as a data file."""
+
+    name: str
+    version: int
+    path: Path
+    description: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerSpec:
+    """A runner / IO manager for one contract: ``factory(program, **options)``.
+
+    ``versions``: the contract versions the runner drives. ``exporter(request)``
+    (optional) builds programs that follow the contract from a source model, for
+    ``etsdk export``; it takes an :class:`etsdk._apps.generation.ExportRequest` and
+    returns the paths written.
+    """
+
+    contract: str
+    factory: Callable[..., Any]
+    versions: tuple[int, ...] = field(default=(1,))
+    exporter: Callable[..., Any] | None = None
+    description: str = ""

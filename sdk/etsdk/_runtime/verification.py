@@ -1,0 +1,97 @@
+"""File integrity: what every ``etsdk.load`` checks, what ``verify=True`` adds, ``etsdk verify``.
+
+Every load (cost: proportional to the flatbuffers, not to the weights; see
+docs/integrity.md for figures):
+
+* the ``.pte``: ExecuTorch's flatbuffer verifier, then etsdk's structural
+  checks of what the runtime trusts (:mod:`etsdk._format.program_file`: headers, segments,
+  named data, every index of every execution plan);
+* the ``.ptd``: its header, its whole flatbuffer (FlatBuffers verifier rules),
+  its segments and entries (the runtime verifies none of it);
+* the program record and its contract; each delegate's container, signature
+  and payload at method load;
+* the files are *pinned*: etsdk opens each file once and the runtime reads
+  that same open file (``/proc/self/fd``), so what was checked is what runs;
+  before every call the pinned files' size and modification time are compared
+  with those at load (a file truncated or rewritten in place is refused
+  instead of faulting or computing with other weights).
+
+``verify=True`` (and ``etsdk verify``) also hashes the data: every named-data
+entry whose key is content-addressed (``<namespace>/<sha256 hex>`` or a bare
+sha256 hex, what etsdk's writer stores) is read once and its SHA-256 compared
+with its key. Keys of any other form are reported as *unverifiable*, never as
+failures. The default load does not read the weights: a flipped bit inside a
+weight is not detected by it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from etsdk._format.content_hash import EntryCheck, hash_entries
+
+__all__ = ["VerifyReport", "verify"]
+
+@dataclass(frozen=True, slots=True)
+class VerifyReport:
+    """What :func:`verify` checked: every entry, and every method loaded (or why not)."""
+
+    program: Path
+    data: Path | None
+    entries: tuple[EntryCheck, ...]
+    methods: tuple[tuple[str, str], ...]  # (method, "loaded" | "skipped: <why>")
+
+    @property
+    def ok(self) -> bool:
+        return all(e.status != "mismatch" for e in self.entries)
+
+    @property
+    def verified_bytes(self) -> int:
+        return sum(e.size for e in self.entries if e.status == "ok")
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "program": str(self.program),
+            "data": str(self.data) if self.data is not None else None,
+            "ok": self.ok,
+            "entries": [e.to_json() for e in self.entries],
+            "methods": [{"method": m, "status": s} for m, s in self.methods],
+        }
+
+
+def verify(path: str | Path, data: str | Path | None = None, *, methods: bool = True) -> VerifyReport:
+    """Check a program completely: everything :func:`etsdk.load` checks, every content hash, every method.
+
+    Structural problems raise :class:`ProgramError` (as ``etsdk.load`` does);
+    damaged entries are reported (``report.ok`` is False), not raised. With
+    ``methods``, the program is loaded and every method too, which checks each
+    delegate's payload and signature; methods whose backend is not installed
+    (or cannot run here) are reported as skipped. No backend is needed for the
+    rest.
+    """
+    from etsdk._runtime.program import load, open_checked
+    from etsdk.errors import BackendNotFoundError, BackendUnavailableError
+
+    checked = open_checked(path, data)
+    try:
+        entries = hash_entries(checked.files.program.fd, checked.layout.entries, checked.path.name)
+        if checked.files.data is not None and checked.data_layout is not None and checked.data_path is not None:
+            entries += hash_entries(checked.files.data.fd, checked.data_layout.entries, checked.data_path.name)
+    finally:
+        checked.files.close()
+    loaded: list[tuple[str, str]] = []
+    if methods and all(e.status != "mismatch" for e in entries):
+        try:
+            program = load(path, data)
+        except (BackendNotFoundError, BackendUnavailableError) as exc:
+            loaded = [(method, f"skipped: {exc}") for method in checked.backends]
+        else:
+            for method in program.methods:
+                try:
+                    program.load_method(method)
+                except (BackendNotFoundError, BackendUnavailableError) as exc:
+                    loaded.append((method, f"skipped: {exc}"))
+                else:
+                    loaded.append((method, "loaded"))
+    return VerifyReport(checked.path, checked.data_path, tuple(entries), tuple(loaded))

@@ -1,1 +1,0 @@
-"""Backends that ship inside the core distribution (registered through its own entry point)."""
