@@ -17,7 +17,7 @@ from pathlib import Path
 import etsdk
 import pytest
 import torch
-from etsdk._export.lower import check_output_path
+from etsdk._export.output import check_output_path
 from etsdk.errors import ExportError
 from etsdk.reference_backend import BACKEND_ID
 

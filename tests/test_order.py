@@ -30,7 +30,7 @@ def _edge() -> tuple[object, object]:
     wrapper = CorePartitioner(ReferencePartitioner(), BACKEND_ID, "forward", context)
     context.partitioners["forward"] = [wrapper]
     exported = torch.export.export(TwoInputs(), EXAMPLE)
-    with context:
+    with context.current():
         edge = to_edge_transform_and_lower(
             {"forward": exported},
             partitioner={"forward": [wrapper.partitioner]},

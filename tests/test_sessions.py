@@ -16,7 +16,7 @@ import etsdk
 import pytest
 import torch
 from etsdk._format.fingerprint import ModelFingerprint, states_fingerprint, weights_fingerprint
-from etsdk._state.contract import Contract, MethodSpec, Ownership, Role, StateSpec
+from etsdk._state.contract import Contract, MethodSpec, Role, StateSpec
 from etsdk._state.session import Session, StateError
 from etsdk._state.signature import ProgramRecord
 from etsdk._state.snapshot import Snapshot
@@ -58,10 +58,8 @@ def _decode(program: etsdk.Program, session: Session, steps: list[tuple[torch.Te
     return [program.run("decode", tok, pos, session=session)[0] for tok, pos in steps]
 
 
-def _bare_contract(shape: tuple[int, ...] = (2, 3), runtime: bool = False) -> Contract:
+def _bare_contract(shape: tuple[int, ...] = (2, 3)) -> Contract:
     states = [StateSpec("k", Role.KV_CACHE_KEY, "float32", shape), StateSpec("n", Role.COUNTER, "int64", ())]
-    if runtime:
-        states.append(StateSpec("pool", Role.USER, "float32", (2,), ownership=Ownership.RUNTIME))
     return Contract("bare", 1, methods=(MethodSpec("m", (), ()),), states=tuple(states))
 
 
@@ -202,19 +200,6 @@ def test_program_record_fingerprint_is_read_strictly(program: etsdk.Program) -> 
     for bad in ({"weights": "xyz", "states": record["model"]["states"]}, {"weights": record["model"]["weights"]}, "abc", 7):
         with pytest.raises(ProgramError, match="model fingerprint"):
             ProgramRecord.from_bytes(json.dumps(dict(record, model=bad)).encode(), "bad.pte")
-
-
-def test_runtime_owned_state_refuses_copies_once_a_backend_created_it() -> None:
-    contract = _bare_contract(runtime=True)
-    session = _bare_session(contract)
-    snapshot = session.snapshot()  # nothing kept below yet: the state is fully known
-    session.fork()
-    session.runtime_owned("pool", lambda: torch.zeros(2))
-    for action in (session.snapshot, session.fork):
-        with pytest.raises(StateError, match="runtime-owned state pool is kept by its backend"):
-            action()
-    session.restore(snapshot)  # drops it, as reset does
-    assert session.runtime_owned("pool", lambda: torch.full((2,), 5.0))[0] == 5.0
 
 
 def test_snapshot_metadata_must_be_json() -> None:

@@ -7,6 +7,7 @@ backend and etsdk-aoti (AOTInductor on CPU; one compile per backend, shared).
 from __future__ import annotations
 
 import copy
+import json
 import threading
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import etsdk
 import pytest
 import torch
 from etsdk._state.session import Session, StateError, current_session
-from etsdk.errors import ExportError
+from etsdk.errors import ContractError, ExportError
 from etsdk.reference_backend import BACKEND_ID
 from etsdk.testing.toy_decoder import ToyDecoder, kv_decoder_contract, kv_decoder_methods
 
@@ -175,23 +176,15 @@ def test_session_passed_explicitly_from_another_thread(program: etsdk.Program, m
         current_session()
 
 
-def test_runtime_owned_state_is_per_session_and_reset() -> None:
-    from etsdk._state.contract import Contract, MethodSpec, Ownership, Role, StateSpec
+def test_runtime_owned_state_is_refused_with_the_state_named() -> None:
+    """All state is caller-owned: a contract declaring storage kept below a delegate is refused when read."""
+    from etsdk._plugins.core_plugin import CONTRACTS_DIR
+    from etsdk._state.contract import Contract
 
-    contract = Contract(
-        "rt",
-        1,
-        methods=(MethodSpec("step", (), ()),),
-        states=(StateSpec("pool", Role.USER, "float32", (2,), ownership=Ownership.RUNTIME),),
-    )
-    a, b = Session(contract), Session(contract)
-    pool_a = a.runtime_owned("pool", lambda: torch.zeros(2))
-    assert a.runtime_owned("pool", lambda: torch.ones(2)) is pool_a  # same identity, same storage
-    assert b.runtime_owned("pool", lambda: torch.ones(2)) is not pool_a  # never shared across sessions
-    a.reset()
-    assert a.runtime_owned("pool", lambda: torch.full((2,), 7.0))[0] == 7.0  # reset drops it
-    with pytest.raises(StateError, match="runtime-owned"):
-        a.tensor("pool")
+    obj = json.loads((CONTRACTS_DIR / "kv_decoder" / "1.json").read_text())
+    obj["states"][0]["ownership"] = "runtime"
+    with pytest.raises(ContractError, match=r"states\[0\]\.ownership: unknown ownership 'runtime' \(known: caller\)"):
+        Contract.from_json(obj)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised where CUDA is absent")

@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from etsdk._channels import EXPORT_HOOKS, LOWERING
 from etsdk._format.envelope import wrap_blob
 from etsdk._state.signature import NODE_ID_META, DelegateSignature, input_sources, operator_name
 from etsdk.errors import EtsdkError, ExportError
@@ -38,8 +39,6 @@ __all__ = ["CorePartitioner", "LoweringContext", "backend_details_class", "curre
 
 _details_lock = threading.Lock()
 _details_classes: dict[str, type] = {}
-_current = threading.local()
-_hooks = threading.local()  # lists of (transform, observe) installed by export_hooks on this thread
 
 #: ``transform(backend_id, method, payload) -> payload``: applied before the payload is sealed.
 PayloadTransform = Callable[[str, str, bytes], bytes]
@@ -52,12 +51,8 @@ def export_hooks(
     *, transform: PayloadTransform | None = None, observe: DelegateObserver | None = None
 ) -> Iterator[None]:
     """Hooks for tools and tests (the conformance kit): every ``etsdk.lower`` on this thread uses them."""
-    stack: list[tuple[PayloadTransform | None, DelegateObserver | None]] = getattr(_hooks, "stack", [])
-    _hooks.stack = [*stack, (transform, observe)]
-    try:
+    with EXPORT_HOOKS.bound((*(EXPORT_HOOKS.get() or ()), (transform, observe))):
         yield
-    finally:
-        _hooks.stack = stack
 
 
 @dataclass
@@ -76,7 +71,7 @@ class LoweringContext:
     _next_id: int = 0
 
     def __post_init__(self) -> None:
-        for transform, observe in getattr(_hooks, "stack", []):
+        for transform, observe in EXPORT_HOOKS.get() or ():
             if transform is not None:
                 self.transforms.append(transform)
             if observe is not None:
@@ -98,17 +93,15 @@ class LoweringContext:
                 ops.setdefault(str(op), op)
         return [ops[k] for k in sorted(ops)]
 
-    def __enter__(self) -> LoweringContext:
-        self._previous = getattr(_current, "context", None)
-        _current.context = self
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        _current.context = self._previous
+    @contextmanager
+    def current(self) -> Iterator[LoweringContext]:
+        """This lowering is the one the partitioner wrappers and preprocess calls on this thread see."""
+        with LOWERING.bound(self):
+            yield self
 
 
 def current_lowering() -> LoweringContext:
-    context = getattr(_current, "context", None)
+    context: LoweringContext | None = LOWERING.get()
     if context is None:
         raise ExportError(
             "an etsdk backend was asked to preprocess outside etsdk.lower(); export with etsdk.lower so the core "

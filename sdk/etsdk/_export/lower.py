@@ -15,20 +15,26 @@ the core's partitioner wrapper, preprocess) lives in :mod:`etsdk._export.core_pa
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
-import sys
-import tempfile
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
+from etsdk._export.output import Lowered
 from etsdk._format.dtypes import dtype_name as _dtype_name
 from etsdk.errors import EtsdkError, ExportError
 
-__all__ = ["Lowered", "MethodSource", "check_output_path", "lower"]
+__all__ = [
+    "MethodSource",
+    "PartitionPlan",
+    "check_delegation",
+    "check_request",
+    "check_traced",
+    "emit",
+    "lower",
+    "lower_to_edge",
+    "resolve_partitioners",
+    "trace",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,80 +55,6 @@ class MethodSource:
     strict: bool = False
     state: Mapping[str, str] = field(default_factory=dict)
     example_kwargs: Mapping[str, Any] = field(default_factory=dict)
-
-
-def _progress(stage: str, quiet: bool, started: float) -> None:
-    if not quiet:
-        print(f"etsdk: {stage} ({time.perf_counter() - started:.1f}s)", file=sys.stderr, flush=True)
-
-
-@dataclass
-class Lowered:
-    """An ExecuTorch program ready to be written.
-
-    ``record``: etsdk's program record (the contract, and each method's etsdk
-    delegates in engine order with their signatures and claimed operators),
-    the same thing ``etsdk inspect`` shows for a written file. ``manager``:
-    ExecuTorch's ``ExecutorchProgramManager``.
-    """
-
-    manager: Any
-    record: Any = None  # etsdk._state.signature.ProgramRecord
-    quiet: bool = True
-
-    @property
-    def methods(self) -> tuple[str, ...]:
-        return tuple(sorted(self.manager.methods))
-
-    def delegates(self, method: str) -> tuple[Any, ...]:
-        """The etsdk delegates of ``method`` in engine order (backend, signature with claimed operators)."""
-        if self.record is None or method not in self.record.methods:
-            raise ExportError(f"this program has no method '{method}' (methods: {', '.join(self.methods)})")
-        return tuple(self.record.methods[method])
-
-    @property
-    def data_files(self) -> tuple[str, ...]:
-        """Names (without ``.ptd``) of the external data files this program needs."""
-        # ExecutorchProgramManager keeps them as cords; reading its private map
-        # avoids the bytes copy its public accessors would make.
-        return tuple(sorted(getattr(self.manager, "_tensor_data", None) or {}))
-
-    def save(self, path: str | Path) -> list[Path]:
-        """Write the ``.pte`` and every ``.ptd`` beside it, atomically; returns the paths written.
-
-        The paths are checked first (:func:`check_output_path`). Every file is
-        written to a temporary file in the target directory and flushed to
-        disk; only when all are complete are they renamed into place (each
-        ``.ptd``, then the ``.pte``). A failure (a full disk, a kill) leaves the
-        previous files byte-identical and no partial file under the final
-        names. A program already loaded from the old files keeps running on
-        them: a rename never changes an open file.
-        """
-        path = check_output_path(path, self.data_files)
-        started = time.perf_counter()
-        _progress(f"writing {path}", self.quiet, started)
-        written = [path] + [path.parent / f"{name}.ptd" for name in self.data_files]
-        staging = _Staging(path.parent)
-        try:
-            with staging.file(path) as f:
-                self.manager.write_to_file(f)
-            if self.data_files:
-                _progress(f"writing {', '.join(n + '.ptd' for n in self.data_files)}", self.quiet, started)
-                self.manager.write_tensor_data_to_file(str(staging.directory()))
-                for name in self.data_files:
-                    staging.adopt(staging.directory() / f"{name}.ptd", path.parent / f"{name}.ptd")
-            staging.commit()
-        except OSError as exc:
-            staging.abort()
-            raise ExportError(
-                f"writing {path} failed: {exc.strerror or exc}; "
-                f"{'the previous files are unchanged' if any(p.exists() for p in written) else 'nothing was written'}"
-            ) from None
-        except BaseException:
-            staging.abort()
-            raise
-        _progress("written", self.quiet, started)
-        return written
 
 
 def lower(
@@ -149,38 +81,71 @@ def lower(
     is checked here and embedded in the program. ``external_data``: put every
     backend's named data (weights) in ``<external_data>.ptd`` beside the
     ``.pte`` instead of inside it. Progress goes to stderr unless ``quiet``.
+
+    The stages, in order (each a function of this module): :func:`check_request`,
+    :func:`resolve_partitioners`, :func:`trace`, :func:`check_traced`,
+    :func:`lower_to_edge`, :func:`check_delegation`, :func:`emit`.
     """
-    import torch
-    from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
+    from etsdk._export.core_partitioner import LoweringContext
 
-    from etsdk._export.core_partitioner import (
-        CorePartitioner,
-        LoweringContext,
-        backend_details_class,
-        check_mutations_declared,
-        kept_whole_left,
-    )
-    from etsdk._export.tracing import weights_shared_while_tracing
-    from etsdk._plugins.registry import edge_transform_passes, get_backend, resolve_backend_id
-    from etsdk._state.signature import PROGRAM_RECORD_KEY, ProgramRecord, check_binding_order
+    methods = check_request(methods, module, example_inputs, backend, partitioner_options, contract, external_data)
+    context = LoweringContext(quiet=quiet, external_data=external_data)
+    plan = resolve_partitioners(methods, context)
+    exported = trace(methods, context)
+    contract, model = check_traced(methods, exported, contract, plan)
+    edge = lower_to_edge(exported, plan, context)
+    records = check_delegation(methods, edge, context)
+    return emit(edge, records, contract, model, context)
 
+
+# ----------------------------------------------------------------------------- the stages
+
+
+@dataclass
+class PartitionPlan:
+    """What :func:`resolve_partitioners` found: per method the partitioners in claim order, the backends'
+    edge passes, and the devices on which the backends taking state want its storage."""
+
+    partitioners: dict[str, list[Any]] = field(default_factory=dict)
+    passes: list[Any] = field(default_factory=list)
+    state_devices: set[str] = field(default_factory=set)
+
+
+def check_request(
+    methods: Mapping[str, MethodSource] | None,
+    module: Any,
+    example_inputs: Sequence[Any] | None,
+    backend: str | Sequence[str] | None,
+    partitioner_options: Mapping[str, Any] | None,
+    contract: Any,
+    external_data: str | None,
+) -> Mapping[str, MethodSource]:
+    """Stage 1: the arguments of :func:`lower` as ``{method: MethodSource}``, checked before any work."""
     if methods is None:
         if module is None or example_inputs is None:
             raise ExportError("lower() needs either methods= or module= and example_inputs=")
         backends = (backend,) if isinstance(backend, str) else tuple(backend or ())
-        methods = {"forward": MethodSource(module, tuple(example_inputs), backends, _keyed_options(backends, partitioner_options))}
+        methods = {
+            "forward": MethodSource(
+                module, tuple(example_inputs), backends, _keyed_options(backends, partitioner_options)
+            )
+        }
     elif partitioner_options is not None:
         raise ExportError("with methods=, give partitioner options per method: MethodSource(partitioner_options=...)")
     if contract is not None and not contract.is_bound:
         raise ExportError(f"contract '{contract.name}' must be bound to sizes (contract.bind(...)) before export")
     if external_data is not None and (not external_data or "/" in external_data or external_data.startswith(".")):
         raise ExportError(f"external_data names a .ptd beside the .pte (a plain file stem), found {external_data!r}")
-    context = LoweringContext(quiet=quiet, external_data=external_data)
     _check_state_identities(methods)
-    exported: dict[str, Any] = {}
-    partitioners: dict[str, list[Any]] = {}
-    passes: list[Any] = []
-    state_devices: set[str] = set()  # where the partitioners that take state want its storage
+    return methods
+
+
+def resolve_partitioners(methods: Mapping[str, MethodSource], context: Any) -> PartitionPlan:
+    """Stage 2: each method's backends resolved, options checked, partitioners made and wrapped by the core."""
+    from etsdk._export.core_partitioner import CorePartitioner, backend_details_class
+    from etsdk._plugins.registry import edge_transform_passes, get_backend, resolve_backend_id
+
+    plan = PartitionPlan()
     for name, source in methods.items():
         resolved = tuple(resolve_backend_id(b) for b in source.backends)
         options = {resolve_backend_id(b): dict(o) for b, o in source.partitioner_options.items()}
@@ -198,12 +163,22 @@ def lower(
             inner = _make_partitioner(spec, options.get(backend_id, {}), name)
             wrappers.append(CorePartitioner(inner, backend_id, name, context))
             for p in edge_transform_passes(backend_id):
-                if p not in passes:
-                    passes.append(p)
+                if p not in plan.passes:
+                    plan.passes.append(p)
         context.partitioners[name] = wrappers
-        partitioners[name] = [w.partitioner for w in wrappers]
+        plan.partitioners[name] = [w.partitioner for w in wrappers]
         if source.state:
-            state_devices.update(w.state_device for w in wrappers)
+            plan.state_devices.update(w.state_device for w in wrappers)
+    return plan
+
+
+def trace(methods: Mapping[str, MethodSource], context: Any) -> dict[str, Any]:
+    """Stage 3: ``torch.export`` of every method (weights shared with the module, not cloned)."""
+    import torch
+
+    from etsdk._export.tracing import weights_shared_while_tracing
+
+    exported: dict[str, Any] = {}
     for name, source in methods.items():
         context.progress(f"tracing '{name}'")
         try:
@@ -216,6 +191,17 @@ def lower(
                 )
         except Exception as exc:
             raise ExportError(f"torch.export of method '{name}' failed: {type(exc).__name__}: {exc}") from exc
+    return exported
+
+
+def check_traced(
+    methods: Mapping[str, MethodSource], exported: Mapping[str, Any], contract: Any, plan: PartitionPlan
+) -> tuple[Any, Any]:
+    """Stage 4: declared state and engine I/O against the contract; returns the contract as recorded (state on
+    the backends' device) and the model's fingerprint (read before edge lowering: backend-independent)."""
+    from etsdk._format.fingerprint import model_fingerprint
+
+    for name, source in methods.items():
         _check_state_declarations(name, source, exported[name], contract)
         if contract is not None:
             _check_engine_io(name, exported[name], contract)
@@ -224,19 +210,32 @@ def lower(
         if missing:
             raise ExportError(f"contract '{contract.name}' needs method(s) {', '.join(missing)} that were not given")
     if contract is not None and contract.states:
-        contract = _with_state_device(contract, state_devices)
-    # model identity for session snapshots (etsdk._format.fingerprint): backend-independent, read before edge lowering
-    from etsdk._format.fingerprint import model_fingerprint
-
+        contract = _with_state_device(contract, plan.state_devices)
     model = model_fingerprint(exported.values(), {fqn for s in methods.values() for fqn in s.state}, contract)
+    return contract, model
+
+
+def lower_to_edge(exported: Mapping[str, Any], plan: PartitionPlan, context: Any) -> Any:
+    """Stage 5: ExecuTorch's ``to_edge_transform_and_lower`` with every method's wrapped partitioners; each
+    claimed partition is compiled by its backend's ``preprocess`` here (through the core's wrapper)."""
+    from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
+
     context.progress("lowering to edge and partitioning")
-    with context, _os_errors_as_export_errors("lowering"):
-        edge = to_edge_transform_and_lower(
-            exported,
-            partitioner=partitioners,
-            transform_passes=passes or None,
+    with context.current(), _os_errors_as_export_errors("lowering"):
+        return to_edge_transform_and_lower(
+            dict(exported),
+            partitioner=plan.partitioners,
+            transform_passes=plan.passes or None,
             compile_config=EdgeCompileConfig(_check_ir_validity=False),
         )
+
+
+def check_delegation(methods: Mapping[str, MethodSource], edge: Any, context: Any) -> dict[str, Any]:
+    """Stage 6: per method, state left no trace in the top-level program, every operator kept whole was
+    claimed, and the engine's binding order equals each delegate's signature (by node identity)."""
+    from etsdk._export.core_partitioner import check_mutations_declared, kept_whole_left
+    from etsdk._state.signature import check_binding_order
+
     context.progress("checking binding order and state placement")
     records = {}
     for name, source in methods.items():
@@ -256,16 +255,27 @@ def lower(
                 "(ops_to_not_decompose) but no backend claimed them, and the portable kernels need them decomposed"
             )
         records[name] = check_binding_order(name, lowered_program.graph_module, context.sealed)
-    record = ProgramRecord(methods=records, contract=contract, producer=f"etsdk {_version()}", model=model)
+    return records
+
+
+def emit(edge: Any, records: Mapping[str, Any], contract: Any, model: Any, context: Any) -> Lowered:
+    """Stage 7: the program record stored as named data, then ExecuTorch's ``to_executorch``."""
+    from executorch.exir import ExecutorchBackendConfig
+
+    from etsdk._state.signature import PROGRAM_RECORD_KEY, ProgramRecord
+
+    record = ProgramRecord(methods=dict(records), contract=contract, producer=f"etsdk {_version()}", model=model)
     store = getattr(edge, "_named_data_store", None)
     if store is None:
-        raise ExportError("this executorch release has no program-level named data store; etsdk needs executorch==1.5.1")
+        raise ExportError(
+            "this executorch release has no program-level named data store; etsdk needs executorch==1.5.1"
+        )
     store.add_named_data(PROGRAM_RECORD_KEY, record.to_bytes())
     context.progress("emitting the ExecuTorch program")
     with _os_errors_as_export_errors("emitting the program"):
         manager = edge.to_executorch(ExecutorchBackendConfig(extract_delegate_segments=True))
     context.progress("ready to write")
-    return Lowered(manager, record=record, quiet=quiet)
+    return Lowered(manager, record=record, quiet=context.quiet)
 
 
 @contextlib.contextmanager
@@ -341,11 +351,12 @@ def _version() -> str:
     return __version__
 
 
-
 def _check_state_declarations(method: str, source: MethodSource, exported: Any, contract: Any) -> None:
     """Declared state must be real buffers of the right shape, dtype and initial value."""
     if source.state and contract is None:
-        raise ExportError(f"method '{method}' declares state but no contract was given; state is described by a contract")
+        raise ExportError(
+            f"method '{method}' declares state but no contract was given; state is described by a contract"
+        )
     buffers = dict(exported.named_buffers())
     for fqn, identity in source.state.items():
         if fqn not in buffers:
@@ -395,109 +406,3 @@ def _check_engine_io(method: str, exported: Any, contract: Any) -> None:
         where="export",
         error=ExportError,
     )
-
-
-# ----------------------------------------------------------------------------- writing files
-
-
-def check_output_path(path: str | Path, data_files: Sequence[str] = ()) -> Path:
-    """Check that ``path`` (a ``.pte``) and ``<name>.ptd`` beside it can be written; return ``path``.
-
-    Raises a one-line :class:`ExportError` for a directory in the way, a file
-    where a directory should be, or a place this process may not write, before
-    any work is done (``etsdk export`` calls it before loading the model).
-    """
-    path = Path(path)
-    if not path.name or path.name in (".", ".."):
-        raise ExportError(f"cannot write the program to {str(path)!r}: it names a directory, not a file")
-    targets = [path] + [path.parent / f"{name}.ptd" for name in data_files]
-    for target in targets:
-        if target.is_dir():
-            raise ExportError(f"cannot write {target}: it is a directory")
-        if target.exists() and not target.is_file():
-            raise ExportError(f"cannot write {target}: it exists and is not a regular file")
-    ancestor = path.parent if str(path.parent) else Path(".")
-    while not ancestor.exists():
-        if ancestor.is_symlink():
-            raise ExportError(f"cannot write {path}: {ancestor} is a broken symbolic link")
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise ExportError(f"cannot write {path}: {ancestor} is a file, not a directory")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise ExportError(f"cannot write {path}: no permission to write in {ancestor}")
-    return path
-
-
-def _umask() -> int:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    return 0o022
-
-
-class _Staging:
-    """Temporary files beside their targets, renamed into place together by :meth:`commit`."""
-
-    def __init__(self, directory: Path) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        self.parent = directory
-        self._dir: Path | None = None
-        self._files: list[tuple[Path, Path]] = []  # (temporary, target)
-
-    def directory(self) -> Path:
-        if self._dir is None:
-            self._dir = Path(tempfile.mkdtemp(prefix=".etsdk-", suffix=".tmp", dir=self.parent))
-        return self._dir
-
-    @contextlib.contextmanager
-    def file(self, target: Path) -> Iterator[BinaryIO]:
-        fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=self.parent)
-        self._files.append((Path(name), target))
-        with os.fdopen(fd, "wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-
-    def adopt(self, written: Path, target: Path) -> None:
-        """A file something else wrote into :meth:`directory`: flushed here, renamed at commit."""
-        fd = os.open(written, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        self._files.append((written, target))
-
-    def commit(self) -> None:
-        mode = 0o666 & ~_umask()
-        for temporary, _ in self._files:
-            os.chmod(temporary, mode)
-        # data files first: a reader never sees a new .pte next to old data it does not name
-        for temporary, target in sorted(self._files, key=lambda item: item[1].suffix == ".pte"):
-            os.replace(temporary, target)
-        self._files.clear()
-        self._sync_directory()
-        self.abort()
-
-    def _sync_directory(self) -> None:
-        try:
-            fd = os.open(self.parent, os.O_RDONLY)
-        except OSError:
-            return
-        try:
-            os.fsync(fd)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-
-    def abort(self) -> None:
-        for temporary, _ in self._files:
-            temporary.unlink(missing_ok=True)
-        self._files.clear()
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
-            self._dir = None

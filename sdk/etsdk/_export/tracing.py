@@ -21,10 +21,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from etsdk._channels import TRACING
+
 __all__ = ["weights_shared_while_tracing"]
 
 _lock = threading.Lock()
-_local = threading.local()
 _installed: dict[str, Any] = {"users": 0, "original": None}
 
 
@@ -32,7 +33,7 @@ def _sharing(original: Callable[..., Any]) -> Callable[..., Any]:
     import torch
 
     def clone_input(value: Any, *args: Any, **kwargs: Any) -> Any:
-        if getattr(_local, "depth", 0) and isinstance(value, torch.nn.Parameter):
+        if TRACING.get() and isinstance(value, torch.nn.Parameter):
             return value
         return original(value, *args, **kwargs)
 
@@ -56,11 +57,10 @@ def weights_shared_while_tracing() -> Iterator[None]:
             _installed["original"] = builder._clone_input
             builder._clone_input = _sharing(builder._clone_input)
         _installed["users"] += 1
-    _local.depth = getattr(_local, "depth", 0) + 1
     try:
-        yield
+        with TRACING.bound((TRACING.get() or 0) + 1):
+            yield
     finally:
-        _local.depth -= 1
         with _lock:
             _installed["users"] -= 1
             if _installed["users"] == 0:

@@ -9,7 +9,7 @@ from etsdk._plugins.specs import ContractSpec
 
 ETSDK_PLUGIN_API = ">=2,<3"
 
-CONTRACTS_DIR = Path(__file__).resolve().parent / "contracts"
+CONTRACTS_DIR = Path(__file__).resolve().parents[1] / "contracts"
 
 
 @hookimpl

@@ -51,7 +51,7 @@ FORMAT_MAJOR = 1
 FORMAT_MINOR = 0
 #: Features a contract record may require that this core implements.
 KNOWN_CONTRACT_FEATURES = frozenset(
-    {"state.caller_owned", "state.runtime_owned", "alias.kv_cache_update", "alias.user"}
+    {"state.caller_owned", "alias.kv_cache_update", "alias.user"}
 )
 DTYPES = frozenset({"float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool"})
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.{}]*$")
@@ -87,10 +87,14 @@ class AliasKind(str, enum.Enum):
 
 
 class Ownership(str, enum.Enum):
-    #: storage lives above every delegate, in the core's session, and is bound in
+    """Who owns an aliased state's storage, declared separately from the alias kind.
+
+    Only ``caller`` exists: storage lives above every delegate, in the core's session,
+    and is bound in. A contract declaring any other ownership (for example ``runtime``,
+    storage kept below the delegate) is refused when it is read, naming the state.
+    """
+
     CALLER = "caller"
-    #: storage lives below, in the runtime binding, selected per session by identity
-    RUNTIME = "runtime"
 
 
 Dim = int | str

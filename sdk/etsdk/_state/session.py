@@ -24,21 +24,19 @@ host calling from another thread passes the session explicitly to
 ``Program.run(..., session=...)``, which makes it current there. A session is
 used by one thread at a time.
 
-Runtime-owned state (storage a backend keeps below the delegate) uses the same
-identity, per-session selection and reset through :meth:`Session.runtime_owned`.
-etsdk cannot copy it: snapshot, fork and save refuse once a backend has created
-such storage in the session (restore drops it, as reset does).
+All state is caller-owned: a contract that declares runtime-owned state (storage
+a backend would keep below the delegate) is refused when it is read.
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from etsdk._state.contract import Contract, Ownership
+from etsdk._channels import SESSION
+from etsdk._state.contract import Contract
 from etsdk.errors import StateError
 
 if TYPE_CHECKING:
@@ -106,14 +104,12 @@ class Session:
         self._where = where or f"contract '{contract.name}'"
         self._tensors: dict[str, torch.Tensor] = {}
         self._view = StateView(self._tensors)
-        self._runtime: dict[str, Any] = {}
         for spec in contract.states:
             if spec.device.startswith("cuda") and not torch.cuda.is_available():
                 raise StateError(f"state '{spec.name}' must live on {spec.device}, but no CUDA device is available")
-            if spec.ownership == Ownership.CALLER:
-                self._tensors[spec.name] = torch.full(
-                    spec.shape, spec.initial, dtype=getattr(torch, spec.dtype), device=spec.device  # type: ignore[arg-type]
-                )
+            self._tensors[spec.name] = torch.full(
+                spec.shape, spec.initial, dtype=getattr(torch, spec.dtype), device=spec.device  # type: ignore[arg-type]
+            )
 
     @property
     def contract(self) -> Contract:
@@ -134,28 +130,15 @@ class Session:
             return self._tensors[name]
         except KeyError:
             pass
-        owned = {s.name: s.ownership for s in self._contract.states}
-        if owned.get(name) == Ownership.RUNTIME:
-            raise StateError(f"state '{name}' is runtime-owned: the backend keeps it (Session.runtime_owned)")
         raise StateError(
             f"session has no caller-owned state '{name}' (declared: {', '.join(self._tensors) or 'none'})"
         )
-
-    def runtime_owned(self, name: str, create: Callable[[], Any]) -> Any:
-        """Runtime-owned storage for ``name`` in this session, created on first use."""
-        spec = self._contract.state(name)
-        if spec.ownership != Ownership.RUNTIME:
-            raise StateError(f"state '{name}' is {spec.ownership.value}-owned, not runtime-owned")
-        if name not in self._runtime:
-            self._runtime[name] = create()
-        return self._runtime[name]
 
     def reset(self) -> None:
         """Back to the declared initial state, in place (data pointers are kept)."""
         for spec in self._contract.states:
             if spec.name in self._tensors:
                 self._tensors[spec.name].fill_(spec.initial)
-        self._runtime.clear()
 
     def check_owner(self, owner: object) -> None:
         if self._owner is not None and self._owner is not owner:
@@ -170,7 +153,6 @@ class Session:
         """
         from etsdk._state.snapshot import Snapshot
 
-        self._refuse_runtime_storage("snapshot")
         model = self._require_model("take a snapshot")
         copies = {name: tensor.detach().clone() for name, tensor in self._tensors.items()}
         return Snapshot.create(
@@ -202,11 +184,9 @@ class Session:
         with torch.no_grad():
             for name, tensor in self._tensors.items():
                 tensor.copy_(snapshot.tensors[name])
-        self._runtime.clear()
 
     def fork(self) -> Session:
         """A new session of the same program starting from this one's state (its own storage)."""
-        self._refuse_runtime_storage("fork")
         twin = Session.__new__(Session)
         twin._contract = self._contract
         twin._owner = self._owner
@@ -241,30 +221,16 @@ class Session:
             )
         return self._model
 
-    def _refuse_runtime_storage(self, action: str) -> None:
-        if self._runtime:
-            raise StateError(
-                f"cannot {action} this session: runtime-owned state {', '.join(sorted(self._runtime))} is kept by its "
-                "backend, which etsdk cannot copy"
-            )
-
     @contextmanager
     def active(self) -> Iterator[Session]:
         """Make this session current on this thread for the duration of the block."""
-        previous = getattr(_current, "session", None)
-        _current.session = self
-        try:
+        with SESSION.bound(self):
             yield self
-        finally:
-            _current.session = previous
-
-
-_current = threading.local()
 
 
 def current_session() -> Session:
     """The session the calling thread is executing a method for (runtime bindings call this)."""
-    session = getattr(_current, "session", None)
+    session: Session | None = SESSION.get()
     if session is None:
         raise StateError(
             "a delegate needs state but no session is active on this thread; run the method through "

@@ -38,6 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from etsdk._channels import DELEGATE_ERROR, LOADING
 from etsdk._format.envelope import unwrap_blob
 from etsdk._state.session import current_session
 from etsdk._state.signature import DelegateSignature, ProgramRecord, StateBinding
@@ -185,8 +186,6 @@ class _PendingError:
         return err
 
 
-_pending = threading.local()
-_loading = threading.local()
 
 
 class loading_method:
@@ -199,17 +198,17 @@ class loading_method:
         self.index = 0
 
     def __enter__(self) -> loading_method:
-        self._previous = getattr(_loading, "context", None)
-        _loading.context = self
+        self._binding = LOADING.bound(self)
+        self._binding.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        _loading.context = self._previous
+        self._binding.__exit__(None, None, None)
 
 
 def _signature_from_record(backend_id: str, method: str, uid: str, payload: memoryview) -> DelegateSignature:
     """The delegate's record entry (by position in the method), after checking uid and payload hash."""
-    context: loading_method | None = getattr(_loading, "context", None)
+    context: loading_method | None = LOADING.get()
     if context is None:
         raise ProgramError(
             f"method '{method}', delegate {backend_id}: loaded outside etsdk.load(); etsdk delegates take their "
@@ -263,8 +262,7 @@ def _argument_check(backend_id: str, method: str, signature: DelegateSignature) 
 
 def pop_delegate_error() -> EtsdkError | None:
     """The exception a binding raised on this thread since the last call, if any."""
-    pending: _PendingError | None = getattr(_pending, "error", None)
-    _pending.error = None
+    pending: _PendingError | None = DELEGATE_ERROR.take()
     return pending.to_exception() if pending is not None else None
 
 
@@ -317,7 +315,7 @@ class _Dispatcher:
     def record_error(self, phase: str, error: BaseException, handle: Any, method: str | None = None) -> None:
         if method is None and handle is not None:
             method = self._methods.get(id(handle))
-        _pending.error = _PendingError(self.backend_id, method, phase, error)
+        DELEGATE_ERROR.put(_PendingError(self.backend_id, method, phase, error))
 
     def destroy(self, handle: Any) -> None:
         self._methods.pop(id(handle), None)

@@ -1,0 +1,200 @@
+"""The export's output: a lowered program, written atomically as a ``.pte`` and its ``.ptd`` files.
+
+:func:`check_output_path` runs before any work (``etsdk export`` calls it before loading a model), and
+:meth:`Lowered.save` writes every file to a temporary name beside its target and renames them into place only
+when all are complete, so a failure never leaves a partial or destroyed output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from etsdk.errors import ExportError
+
+__all__ = ["Lowered", "check_output_path"]
+
+
+def _progress(stage: str, quiet: bool, started: float) -> None:
+    if not quiet:
+        print(f"etsdk: {stage} ({time.perf_counter() - started:.1f}s)", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Lowered:
+    """An ExecuTorch program ready to be written.
+
+    ``record``: etsdk's program record (the contract, and each method's etsdk
+    delegates in engine order with their signatures and claimed operators),
+    the same thing ``etsdk inspect`` shows for a written file. ``manager``:
+    ExecuTorch's ``ExecutorchProgramManager``.
+    """
+
+    manager: Any
+    record: Any = None  # etsdk._state.signature.ProgramRecord
+    quiet: bool = True
+
+    @property
+    def methods(self) -> tuple[str, ...]:
+        return tuple(sorted(self.manager.methods))
+
+    def delegates(self, method: str) -> tuple[Any, ...]:
+        """The etsdk delegates of ``method`` in engine order (backend, signature with claimed operators)."""
+        if self.record is None or method not in self.record.methods:
+            raise ExportError(f"this program has no method '{method}' (methods: {', '.join(self.methods)})")
+        return tuple(self.record.methods[method])
+
+    @property
+    def data_files(self) -> tuple[str, ...]:
+        """Names (without ``.ptd``) of the external data files this program needs."""
+        # ExecutorchProgramManager keeps them as cords; reading its private map
+        # avoids the bytes copy its public accessors would make.
+        return tuple(sorted(getattr(self.manager, "_tensor_data", None) or {}))
+
+    def save(self, path: str | Path) -> list[Path]:
+        """Write the ``.pte`` and every ``.ptd`` beside it, atomically; returns the paths written.
+
+        The paths are checked first (:func:`check_output_path`). Every file is
+        written to a temporary file in the target directory and flushed to
+        disk; only when all are complete are they renamed into place (each
+        ``.ptd``, then the ``.pte``). A failure (a full disk, a kill) leaves the
+        previous files byte-identical and no partial file under the final
+        names. A program already loaded from the old files keeps running on
+        them: a rename never changes an open file.
+        """
+        path = check_output_path(path, self.data_files)
+        started = time.perf_counter()
+        _progress(f"writing {path}", self.quiet, started)
+        written = [path] + [path.parent / f"{name}.ptd" for name in self.data_files]
+        staging = _Staging(path.parent)
+        try:
+            with staging.file(path) as f:
+                self.manager.write_to_file(f)
+            if self.data_files:
+                _progress(f"writing {', '.join(n + '.ptd' for n in self.data_files)}", self.quiet, started)
+                self.manager.write_tensor_data_to_file(str(staging.directory()))
+                for name in self.data_files:
+                    staging.adopt(staging.directory() / f"{name}.ptd", path.parent / f"{name}.ptd")
+            staging.commit()
+        except OSError as exc:
+            staging.abort()
+            raise ExportError(
+                f"writing {path} failed: {exc.strerror or exc}; "
+                f"{'the previous files are unchanged' if any(p.exists() for p in written) else 'nothing was written'}"
+            ) from None
+        except BaseException:
+            staging.abort()
+            raise
+        _progress("written", self.quiet, started)
+        return written
+
+
+def check_output_path(path: str | Path, data_files: Sequence[str] = ()) -> Path:
+    """Check that ``path`` (a ``.pte``) and ``<name>.ptd`` beside it can be written; return ``path``.
+
+    Raises a one-line :class:`ExportError` for a directory in the way, a file
+    where a directory should be, or a place this process may not write, before
+    any work is done (``etsdk export`` calls it before loading the model).
+    """
+    path = Path(path)
+    if not path.name or path.name in (".", ".."):
+        raise ExportError(f"cannot write the program to {str(path)!r}: it names a directory, not a file")
+    targets = [path] + [path.parent / f"{name}.ptd" for name in data_files]
+    for target in targets:
+        if target.is_dir():
+            raise ExportError(f"cannot write {target}: it is a directory")
+        if target.exists() and not target.is_file():
+            raise ExportError(f"cannot write {target}: it exists and is not a regular file")
+    ancestor = path.parent if str(path.parent) else Path(".")
+    while not ancestor.exists():
+        if ancestor.is_symlink():
+            raise ExportError(f"cannot write {path}: {ancestor} is a broken symbolic link")
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ExportError(f"cannot write {path}: {ancestor} is a file, not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ExportError(f"cannot write {path}: no permission to write in {ancestor}")
+    return path
+
+
+def _umask() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
+
+
+class _Staging:
+    """Temporary files beside their targets, renamed into place together by :meth:`commit`."""
+
+    def __init__(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.parent = directory
+        self._dir: Path | None = None
+        self._files: list[tuple[Path, Path]] = []  # (temporary, target)
+
+    def directory(self) -> Path:
+        if self._dir is None:
+            self._dir = Path(tempfile.mkdtemp(prefix=".etsdk-", suffix=".tmp", dir=self.parent))
+        return self._dir
+
+    @contextlib.contextmanager
+    def file(self, target: Path) -> Iterator[BinaryIO]:
+        fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=self.parent)
+        self._files.append((Path(name), target))
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+
+    def adopt(self, written: Path, target: Path) -> None:
+        """A file something else wrote into :meth:`directory`: flushed here, renamed at commit."""
+        fd = os.open(written, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._files.append((written, target))
+
+    def commit(self) -> None:
+        mode = 0o666 & ~_umask()
+        for temporary, _ in self._files:
+            os.chmod(temporary, mode)
+        # data files first: a reader never sees a new .pte next to old data it does not name
+        for temporary, target in sorted(self._files, key=lambda item: item[1].suffix == ".pte"):
+            os.replace(temporary, target)
+        self._files.clear()
+        self._sync_directory()
+        self.abort()
+
+    def _sync_directory(self) -> None:
+        try:
+            fd = os.open(self.parent, os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+    def abort(self) -> None:
+        for temporary, _ in self._files:
+            temporary.unlink(missing_ok=True)
+        self._files.clear()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
