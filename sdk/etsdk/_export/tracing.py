@@ -10,7 +10,7 @@ are never written while tracing, so the real-value cache can share them.
 :func:`weights_shared_while_tracing` does that for the calling thread only: the
 replacement is installed while at least one thread uses it, does its own work
 only on threads inside the block, and is removed when the last one leaves
-(DESIGN idea 7: scoped, thread-local, restored). If a torch release no longer
+(docs/architecture.md, idea 7: scoped, thread-local, restored). If a torch release no longer
 has the hook, tracing simply runs unchanged.
 """
 

@@ -8,7 +8,7 @@ program and validated at load. Parsing is strict: every problem raises
 :class:`ContractError` naming where it is (``methods.decode.inputs[2].role``),
 what was expected and what was found.
 
-Aliasing (idea 1 of DESIGN.md): an aliased output names its ``input``, a
+Aliasing (idea 1 of docs/architecture.md): an aliased output names its ``input``, a
 ``kind`` (who enforces the alias) and, independently, an ``ownership`` (where
 the storage lives), plus the stable ``state`` identity it updates. Inputs bound
 to a state and aliased outputs are *off-engine*: the core binds them from the

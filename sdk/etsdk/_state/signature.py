@@ -9,7 +9,7 @@ per method in engine order. Each delegate blob is wrapped by the core in an
 etsdk container holding only the delegate's ``uid`` and the plugin's payload;
 the uid names the record entry and the payload's SHA-256 is recorded with it.
 
-Order is asserted, never assumed (idea 4 of DESIGN.md):
+Order is asserted, never assumed (idea 4 of docs/architecture.md):
 
 * at export, :func:`check_binding_order` matches each ``executorch_call_delegate``
   node's arguments against the signature's inputs **by node identity** (an id

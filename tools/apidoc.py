@@ -1,7 +1,8 @@
 """Renders the backend-author API reference (``docs/backend-api.md``) from the docstrings of ``etsdk.backend``.
 
-``python -m etsdk.apidoc > docs/backend-api.md`` regenerates it; a test keeps the file equal to what this
-renders, so the reference never drifts from the code.
+``python3 dev.py apidoc`` regenerates it (``python tools/apidoc.py > docs/backend-api.md``); a test keeps the
+file equal to what this renders, so the reference never drifts from the code. A development tool: it is not
+part of the installed package.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 HEADER = """# Backend API reference (`etsdk.backend`)
 
-Generated from the docstrings by `python -m etsdk.apidoc` (a test checks it is current). The tutorial is
+Generated from the docstrings by `python3 dev.py apidoc` (a test checks it is current). The tutorial is
 [backend-tutorial.md](backend-tutorial.md); the guide is [backend-authors.md](backend-authors.md).
 """
 
