@@ -120,3 +120,16 @@ def test_the_kit_fails_each_broken_backend_at_its_fault(tmp_path: Path) -> None:
     ignores = {r["behaviour"] for r in results if r["backend"] == "BrokenIgnoresFeatures" and r["outcome"] == "failed"}
     assert ignores == {"refusal of an unknown required feature: in the backend's own blob"}
     assert "BrokenCopiesState  failed   in-place caller-owned state" in result.stdout
+
+
+def test_conformance_without_pytest_is_one_line_naming_the_extra(tmp_path: Path) -> None:
+    """pytest is not a dependency of etsdk: without it the command says what to install, with no traceback."""
+    code = (
+        "import sys; sys.modules['pytest'] = None; from etsdk.cli import main; "
+        "sys.exit(main(['conformance', 'EtsdkReferenceBackend']))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    lines = result.stderr.splitlines()
+    assert lines == ["etsdk: error: the conformance kit needs pytest: pip install 'etsdk[conformance]'"], result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""

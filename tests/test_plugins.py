@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from etsdk.testing import PluginSite
@@ -113,9 +114,11 @@ def test_strict_mode_turns_failure_into_error(site: PluginSite) -> None:
     ("declared", "status", "fragment"),
     [
         ('">=1,<2"', "skipped", "supports etsdk plugin API >=1,<2 but this etsdk"),
+        ('">=3,<4"', "skipped", "upgrade etsdk to a release that provides an API in >=3,<4"),
         ("None", "skipped", "does not declare ETSDK_PLUGIN_API"),
         ('"not a range"', "skipped", "invalid ETSDK_PLUGIN_API"),
         ('">=2"', "ok", None),
+        ('">=1,<3"', "ok", None),  # one plugin release for two plugin APIs (docs/migrating.md)
     ],
 )
 def test_plugin_api_range(site: PluginSite, declared: str, status: str, fragment: str | None) -> None:
@@ -133,6 +136,48 @@ def test_plugin_api_range(site: PluginSite, declared: str, status: str, fragment
         assert entry["backends"] == []
     if declared == '">=1,<2"':
         assert "provides API 2" in entry["reason"]
+    if declared == '">=3,<4"':  # a plugin newer than this etsdk: the guide to older APIs does not help
+        assert "migrating" not in entry["reason"]
+
+
+#: A plugin written for plugin API 1 as its guide said then: old module paths, preprocess(edge_program,
+#: compile_specs), a runtime reading the session itself. Discovery must skip it before calling any of it.
+API_1_PLUGIN = """
+    from etsdk.hookspec import hookimpl
+    from etsdk.registration import BackendSpec, Capability
+
+    ETSDK_PLUGIN_API = ">=1,<2"
+
+    def _partitioner(**options):
+        raise RuntimeError("a skipped plugin is never called")
+
+    def _preprocess(edge_program, compile_specs):
+        raise RuntimeError("a skipped plugin is never called")
+
+    def _runtime():
+        raise RuntimeError("a skipped plugin is never called")
+
+    @hookimpl
+    def etsdk_register_backends():
+        return [BackendSpec(id="OldApiBackend", version="0.9", partitioner=_partitioner, preprocess=_preprocess,
+                            runtime=_runtime, capabilities=frozenset({Capability.CPU}))]
+"""
+
+
+def test_a_plugin_for_plugin_api_1_is_skipped_naming_the_migration_guide(site: PluginSite) -> None:
+    site.add("old-api-dist", API_1_PLUGIN, plugin="oldapi", version="0.9")
+    entry = plugins_json(site)["oldapi"]
+    assert entry["status"] == "skipped" and entry["backends"] == [], entry
+    reason = entry["reason"]
+    assert reason.startswith("supports etsdk plugin API >=1,<2 but this etsdk (") and "provides API 2" in reason
+    assert "port it from API 1 to 2 with docs/migrating.md" in reason, reason
+    assert "\n" not in reason
+    table = site.run_etsdk(["plugins"])
+    assert table.returncode == 0, table.stderr
+    (line,) = [line for line in table.stdout.splitlines() if line.strip().startswith("oldapi: ")]
+    assert line.strip().startswith("oldapi: skipped: supports etsdk plugin API >=1,<2") and "docs/migrating.md" in line
+    root = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())
+    assert (root / "docs" / "migrating.md").is_file(), "the skip reason names a guide that does not exist"
 
 
 TWO_BACKENDS = """

@@ -97,6 +97,10 @@ def _first_lines(error: BaseException, limit: int = 3) -> str:
     return " | ".join(lines[:limit]) + (" ..." if len(lines) > limit else "")
 
 
+#: Where a plugin written for an older plugin API finds every change, old -> new (named in the skip reason).
+MIGRATION_GUIDE = "docs/migrating.md"
+
+
 def _api_mismatch(module: ModuleType) -> str | None:
     """Return why ``module``'s declared plugin-API range excludes this etsdk, or None."""
     from etsdk import __version__
@@ -111,13 +115,22 @@ def _api_mismatch(module: ModuleType) -> str | None:
     try:
         spec = SpecifierSet(str(declared))
     except InvalidSpecifier:
-        return f"declares an invalid {_API_ATTRIBUTE} {declared!r} (expected a range such as \">=1,<2\")"
+        return (
+            f"declares an invalid {_API_ATTRIBUTE} {declared!r} (expected a range such as "
+            f"\">={provided},<{provided + 1}\")"
+        )
     if spec.contains(str(provided)):
         return None
+    mismatch = f"supports etsdk plugin API {declared} but this etsdk ({__version__}) provides API {provided}"
+    older = [version for version in range(provided) if spec.contains(str(version))]
+    if older:  # written for an API this etsdk no longer provides: the guide says what changed
+        return (
+            f"{mismatch}; port it from API {older[-1]} to {provided} with {MIGRATION_GUIDE}, or install a "
+            f"release of the plugin that supports API {provided}"
+        )
     return (
-        f"supports etsdk plugin API {declared} but this etsdk ({__version__}) provides API "
-        f"{provided}: use an etsdk release whose plugin API is in {declared}, or a plugin release "
-        f"that supports API {provided}"
+        f"{mismatch}; upgrade etsdk to a release that provides an API in {declared}, or install a release of "
+        f"the plugin that supports API {provided}"
     )
 
 

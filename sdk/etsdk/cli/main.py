@@ -284,7 +284,10 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--json", action="store_true", help="print one JSON object")
     inspect.set_defaults(func=_cmd_inspect)
 
-    conformance = sub.add_parser("conformance", help="run the conformance kit against installed backends")
+    conformance = sub.add_parser(
+        "conformance",
+        help="run the conformance kit against installed backends (needs pytest: pip install 'etsdk[conformance]')",
+    )
     conformance.add_argument("backend", nargs="+", help="backend ids or short names")
     conformance.add_argument("--option", action="append", default=[], help="partitioner option key=value (JSON value)")
     conformance.add_argument("--report", default=None, help="write the JSON report here")

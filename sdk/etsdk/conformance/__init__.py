@@ -11,6 +11,9 @@ in the same method); binding order (same-shaped user outputs, user outputs besid
 caller-owned state (updated in place with an unchanged data pointer, repeated calls, fresh load, session
 isolation, one cache shared across methods and backends, the persistence check); refusals (an unknown
 required blob feature, bad inputs before execution, damaged payloads never crash the process).
+
+The kit runs on pytest, which etsdk itself does not depend on: ``pip install 'etsdk[conformance]'``. Without
+it :func:`run` (and so ``etsdk conformance``) refuses with an :class:`etsdk.EtsdkError` saying so.
 """
 
 from __future__ import annotations
@@ -21,16 +24,35 @@ from typing import Any
 
 __all__ = ["run"]
 
+#: What to install for the kit (pytest); the ``conformance`` extra of etsdk's pyproject.toml.
+_INSTALL_HINT = "pip install 'etsdk[conformance]'"
+
+
+def _import_pytest() -> Any:
+    """pytest, or an :class:`etsdk.EtsdkError` naming the extra that installs it (one line on the command line)."""
+    try:
+        import pytest
+    except ImportError as exc:
+        from etsdk.errors import EtsdkError
+
+        missing = getattr(exc, "name", None)
+        cause = "" if missing in (None, "pytest") else f" (importing pytest failed: {exc})"
+        raise EtsdkError(f"the conformance kit needs pytest: {_INSTALL_HINT}{cause}") from exc
+    return pytest
+
 
 def run(
     backend_ids: Sequence[str], *, options: Mapping[str, Any] | None = None, report: str | Path | None = None,
     extra_args: Sequence[str] = (),
 ) -> int:
-    """Run the kit in this process through pytest; returns pytest's exit code."""
+    """Run the kit in this process through pytest; returns pytest's exit code.
+
+    Raises :class:`etsdk.EtsdkError` when pytest cannot be imported (``pip install 'etsdk[conformance]'``).
+    """
     import json
     from importlib import metadata
 
-    import pytest
+    pytest = _import_pytest()
 
     from etsdk.conformance.pytest_plugin import SUITE
 
