@@ -143,13 +143,65 @@ class ReadsUpdatedCacheInA(torch.nn.Module):
         return torch.addmm(x, self.k[:1], self.w)
 
 
-def test_an_updated_cache_read_by_another_backend_is_a_clear_export_error() -> None:
+#: The two fixes the "read outside its delegate" error names: claim the readers, or leave the state's write.
+BOTH_FIXES = (
+    "Either claim those readers in this backend too, or do not claim the state's write here "
+    '(a partial backend: OperatorPartitioner(..., state_claims="all_or_none")'
+)
+
+
+def test_an_updated_cache_read_by_another_backend_is_a_clear_export_error_naming_both_fixes() -> None:
     source = etsdk.MethodSource(
         ReadsUpdatedCacheInA().eval(), (torch.randn(1, D), torch.tensor([0])), ("EtsdkChainA", "EtsdkChainB"),
         {"EtsdkChainA": {"ops": ["aten::addmm", "aten::slice_copy"]}}, state={"k": "k"},
     )
-    with pytest.raises(etsdk.ExportError, match="new value of state 'k' \\(buffer 'k'\\) is read outside its delegate"):
+    with pytest.raises(etsdk.ExportError, match="new value of state 'k' \\(buffer 'k'\\) is read outside its delegate") as raised:
         etsdk.lower({"step": source}, contract=_contract())
+    assert BOTH_FIXES in str(raised.value)
+
+
+def _partial_backend(backend: str, state_claims: Any) -> None:
+    """A partial backend: claims the operators named by its ``ops`` option, with ``state_claims``."""
+
+    def factory(**options: Any) -> Any:
+        return OperatorPartitioner(backend, ops=options.get("ops"), state_claims=state_claims)
+
+    etsdk.register_plugin(make_backend_plugin(backend, ReferenceBinding, partitioner=factory), backend.lower())
+
+
+def test_a_partial_backend_claiming_the_cache_write_but_not_the_attention(tmp_path: Path) -> None:
+    """Without state_claims the cache write would leave the attention reading it outside its delegate; with
+    "all_or_none" the partial backend keeps its linear layers and leaves the cache's operators to the reference."""
+    _partial_backend("EtsdkPartialPerOp", "per_operator")
+    _partial_backend("EtsdkPartialWhole", "all_or_none")
+    linear_and_write = {"ops": ["aten::addmm", "aten::index_put"]}
+
+    def source(backend: str) -> etsdk.MethodSource:
+        inputs = (torch.randn(1, D), torch.tensor([0]))
+        return etsdk.MethodSource(Chain().eval(), inputs, (backend, "EtsdkReferenceBackend"), {backend: linear_and_write}, state={"k": "k"})
+
+    with pytest.raises(etsdk.ExportError, match="backend 'EtsdkPartialPerOp': the new value of state 'k' \\(buffer 'k'\\) is read outside its delegate") as raised:
+        etsdk.lower({"step": source("EtsdkPartialPerOp")}, contract=_contract())
+    assert BOTH_FIXES in str(raised.value)
+
+    lowered = etsdk.lower({"step": source("EtsdkPartialWhole")}, contract=_contract())
+    delegates = lowered.delegates("step")
+    assert [d.backend for d in delegates] == ["EtsdkPartialWhole", "EtsdkReferenceBackend", "EtsdkPartialWhole"]
+    for delegate in delegates:
+        operators = dict(delegate.signature.operators)
+        states = [s.state for s in delegate.signature.states]
+        if delegate.backend == "EtsdkPartialWhole":
+            assert (operators, states) == ({"aten::addmm": 1}, [])
+        else:
+            assert "aten::index_put" in operators and "aten::mm" in operators and states == ["k"]
+    lowered.save(tmp_path / "partial.pte")
+    program = etsdk.load(tmp_path / "partial.pte")
+    eager, session = Chain().eval(), program.new_session()
+    for step in range(3):
+        x, pos = torch.randn(1, D), torch.tensor([step])
+        (got,) = program.run("step", x, pos, session=session)
+        torch.testing.assert_close(got, eager(x, pos), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(session.state["k"], eager.k)
 
 
 class ReadsOldCacheInA(torch.nn.Module):

@@ -12,9 +12,14 @@ Every plugin partitioner is wrapped by :class:`CorePartitioner`, which
 * stamps an identity on every node before the plugin sees the graph (binding
   order is later checked by identity across partitioner passes);
 * checks what the plugin tagged (its own backend id only);
+* marks each declared state's buffer placeholder (``STATE_META``: the state
+  identity) before the plugin sees the graph, so an ``OperatorPartitioner``
+  with ``state_claims="all_or_none"`` knows every state, not only the mutated;
 * tags declared state into the one delegate that reads and writes it, in
   whichever pass that delegate is claimed, and refuses a state split across
-  delegates or updated outside its delegate, naming the operators;
+  delegates or updated outside its delegate, naming the operators and both
+  fixes (claim the rest in this backend, or leave the state's operators to one
+  other backend);
 * answers ``ops_to_not_decompose`` with the union of every backend of the
   method, so one backend's kept-whole operators survive the next backend's
   decompositions.
@@ -32,7 +37,7 @@ from typing import Any
 
 from etsdk._channels import EXPORT_HOOKS, LOWERING
 from etsdk._format.envelope import wrap_blob
-from etsdk._state.signature import NODE_ID_META, DelegateSignature, input_sources, operator_name
+from etsdk._state.signature import NODE_ID_META, STATE_META, DelegateSignature, input_sources, operator_name
 from etsdk.errors import EtsdkError, ExportError
 
 __all__ = ["CorePartitioner", "LoweringContext", "backend_details_class", "current_lowering", "export_hooks"]
@@ -145,9 +150,13 @@ class CorePartitioner:
     def partition(self, exported_program: Any) -> Any:
         from executorch.exir.backend.partitioner import PartitionResult
 
+        states = self.context.states.get(self.method, {})
+        buffers = exported_program.graph_signature.inputs_to_buffers
         for node in exported_program.graph.nodes:
             if NODE_ID_META not in node.meta:
                 node.meta[NODE_ID_META] = self.context.node_id()
+            if node.op == "placeholder" and buffers.get(node.name) in states:
+                node.meta[STATE_META] = states[buffers[node.name]]
         where = f"method '{self.method}', backend '{self.backend_id}'"
         try:
             result = self.inner.partition(exported_program)
@@ -163,7 +172,6 @@ class CorePartitioner:
                 f"{where}: the partitioner tagged partitions for backend id(s) {', '.join(wrong)}; a backend's "
                 f"partitioner may only tag its own id '{self.backend_id}' (BackendSpec.id)"
             )
-        states = self.context.states.get(self.method, {})
         if self.context.partitioners[self.method][0] is self:  # the first pass sees the functional graph whole
             check_mutations_declared(self.method, exported_program.graph_signature.buffers_to_mutate.values(), states)
         if states:
@@ -195,7 +203,8 @@ class CorePartitioner:
                 split = f"{outside} are outside it" if outside else f"they fall into {len(claimed)} delegates"
                 raise ExportError(
                     f"{where}: state '{identity}' (buffer '{fqn}') must be read and written by one delegate; this "
-                    f"backend claimed {inside} but {split}. Claim every operator that uses a state in one backend"
+                    f"backend claimed {inside} but {split}. Claim every operator that uses a state in one backend: "
+                    f"either claim those here too, or claim none of them here{_WHOLE_STATE_HINT}"
                 )
             tag = next(iter(claimed))
             for value in updates.get(fqn, []):
@@ -203,16 +212,25 @@ class CorePartitioner:
                     raise ExportError(
                         f"{where}: state '{identity}' (buffer '{fqn}') is read inside a delegate of this backend but "
                         f"updated outside it (by '{getattr(value, 'name', value)}'); the update must be claimed by "
-                        "the same delegate"
+                        f"the same delegate: either claim it here too, or claim none of the state's operators "
+                        f"here{_WHOLE_STATE_HINT}"
                     )
                 readers = sorted(u.name for u in value.users if u.op != "output" and u.meta.get("delegation_tag") != tag)
                 if readers:
                     raise ExportError(
                         f"{where}: the new value of state '{identity}' (buffer '{fqn}') is read outside its delegate "
-                        f"by {readers}; the core updates state in place inside one delegate, so every reader of the "
-                        "updated value must be claimed by that delegate too"
+                        f"by {readers}; the core updates state in place inside one delegate, so the state's operators "
+                        f"must stay together in one backend. Either claim those readers in this backend too, or do "
+                        f"not claim the state's write here{_WHOLE_STATE_HINT}"
                     )
             node.meta["delegation_tag"] = tag
+
+
+#: How a partial backend leaves a state's operators to one other backend (ends the three state-split errors).
+_WHOLE_STATE_HINT = (
+    " (a partial backend: OperatorPartitioner(..., state_claims=\"all_or_none\") claims a state's operators only "
+    "when it can claim every one of them, and otherwise leaves them all to the next backend of the method)"
+)
 
 
 def check_mutations_declared(method: str, mutated: Iterable[str], declared: Mapping[str, str]) -> None:

@@ -5,14 +5,15 @@ backend of the same method claimed, as convex partitions (one delegate per
 partition), with the constants they read. A backend author says *what* it
 supports (operator names, or a predicate); the ``DelegationSpec``,
 ``tag_constant_data`` and ``PartitionResult`` details stay here. Declared state
-is tagged by the core, which wraps every partitioner.
+is tagged by the core, which wraps every partitioner; ``state_claims="all_or_none"``
+makes a partial backend claim a state's operators only together.
 """
 
 from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from executorch.exir.backend.compile_spec_schema import CompileSpec
@@ -21,9 +22,13 @@ from executorch.exir.backend.utils import get_non_lowered_nodes, tag_constant_da
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
+from etsdk._state.signature import STATE_META
 from etsdk.errors import BackendError
 
-__all__ = ["OperatorPartitioner", "aten_name"]
+__all__ = ["OperatorPartitioner", "aten_name", "state_operators"]
+
+#: The values of ``OperatorPartitioner(state_claims=...)`` (see its docstring).
+_STATE_CLAIMS = ("per_operator", "all_or_none")
 
 #: Operator namespaces whose overloads have an ``aten::name.overload`` style name.
 _NAMESPACES = frozenset({"aten", "dim_order_ops"})
@@ -71,6 +76,16 @@ class OperatorPartitioner(Partitioner):
     ``max_partitions``: claim at most this many convex groups per method, the
     largest (most operators) first; the rest stay for later backends or the
     portable kernels (a backend that builds one engine per method: 1).
+    ``state_claims``: ``"per_operator"`` (the default) claims every supported
+    operator, state or not; ``"all_or_none"`` is for a partial backend (one
+    that computes, say, the linear layers and the cache write but not the
+    attention reading the cache). For each state (a buffer the method mutates,
+    or one the core marked as declared state) it claims the operators that
+    touch it (those reading the state, the write-back computing its new value,
+    and those reading that new value) only if it can claim all of them in one
+    partition; otherwise it claims none of them and leaves them to the next
+    backend of the method, so the state stays in exactly one delegate (the core
+    requires it and tags the state there).
     """
 
     def __init__(
@@ -83,12 +98,17 @@ class OperatorPartitioner(Partitioner):
         compile_specs: Mapping[str, bytes] | None = None,
         state_device: str = "cpu",
         max_partitions: int | None = None,
+        state_claims: Literal["per_operator", "all_or_none"] = "per_operator",
     ) -> None:
         super().__init__()
         if max_partitions is not None and (isinstance(max_partitions, bool) or not isinstance(max_partitions, int) or max_partitions < 1):
             raise BackendError(f"{backend_id}: max_partitions must be a positive int or None, found {max_partitions!r}", backend_id=backend_id)
+        if state_claims not in _STATE_CLAIMS:
+            choices = " or ".join(repr(c) for c in _STATE_CLAIMS)
+            raise BackendError(f"{backend_id}: state_claims must be {choices}, found {state_claims!r}", backend_id=backend_id)
         self.backend_id = backend_id
         self.max_partitions = max_partitions
+        self.state_claims = state_claims
         self.ops = frozenset(ops) if ops is not None else None
         self.supports = supports
         self.keep_whole = tuple(keep_whole)
@@ -109,12 +129,9 @@ class OperatorPartitioner(Partitioner):
 
     def partition(self, exported_program: torch.export.ExportedProgram) -> PartitionResult:
         candidates = set(get_non_lowered_nodes(exported_program.graph))
-        support = _Support(candidates, self.is_supported)
-        proposer = CapabilityBasedPartitioner(exported_program.graph_module, support, allows_single_node_partition=True)
-        groups = [p for p in proposer.propose_partitions() if any(n.target is not operator.getitem for n in p.nodes)]
-        if self.max_partitions is not None:
-            groups = sorted(groups, key=lambda p: -sum(n.target is not operator.getitem for n in p.nodes))
-            groups = groups[: self.max_partitions]
+        groups = self._groups(exported_program, candidates)
+        if self.state_claims == "all_or_none":
+            groups = self._whole_states(exported_program, candidates, groups)
         tags: dict[str, DelegationSpec] = {}
         for partition in groups:
             tag = f"{self.backend_id}_{partition.id}"
@@ -124,6 +141,64 @@ class OperatorPartitioner(Partitioner):
         tag_constant_data(exported_program)
         return PartitionResult(tagged_exported_program=exported_program, partition_tags=tags)
 
+    def _groups(self, ep: torch.export.ExportedProgram, candidates: set[torch.fx.Node]) -> list[Any]:
+        support = _Support(candidates, self.is_supported)
+        proposer = CapabilityBasedPartitioner(ep.graph_module, support, allows_single_node_partition=True)
+        groups = [p for p in proposer.propose_partitions() if any(n.target is not operator.getitem for n in p.nodes)]
+        if self.max_partitions is not None:
+            groups = sorted(groups, key=lambda p: -sum(n.target is not operator.getitem for n in p.nodes))
+            groups = groups[: self.max_partitions]
+        return groups
+
+    def _whole_states(self, ep: torch.export.ExportedProgram, candidates: set[torch.fx.Node], groups: list[Any]) -> list[Any]:
+        # A state whose operators would be claimed only in part (or across partitions) is left out whole and the
+        # partitions proposed again without its operators; leaving one out may split another, hence the loop
+        # (it ends: each round leaves out at least one more state).
+        touching = state_operators(ep)
+        left_out: set[str] = set()
+        while True:
+            group_of = {node: i for i, group in enumerate(groups) for node in group.nodes}
+            split = [
+                fqn
+                for fqn, nodes in touching.items()
+                if fqn not in left_out and any(n in group_of for n in nodes) and len({group_of.get(n) for n in nodes}) > 1
+            ]
+            if not split:
+                return groups
+            left_out.update(split)
+            excluded = {node for fqn in left_out for node in touching[fqn]}
+            groups = self._groups(ep, candidates - excluded)
+
     def ops_to_not_decompose(self, ep: torch.export.ExportedProgram) -> tuple[list[Any], None]:
         keep = {n.target for n in ep.graph.nodes if n.op == "call_function" and n.target in self.keep_whole}
         return sorted(keep, key=str), None
+
+
+def state_operators(ep: torch.export.ExportedProgram) -> dict[str, set[torch.fx.Node]]:
+    """Buffer fqn -> the operators touching that state: a buffer the method mutates or one the core marked.
+
+    The operators are those the core requires in the state's one delegate: the readers of the state, the
+    operators computing its new value (the write-back), and the readers of that new value.
+    """
+    signature = ep.graph_signature
+    buffers = signature.inputs_to_buffers
+    mutated = set(signature.buffers_to_mutate.values())
+    output = next(n for n in ep.graph.nodes if n.op == "output")
+    produced = dict(zip([s.arg.name for s in signature.output_specs], output.args[0]))
+    updates: dict[str, list[torch.fx.Node]] = {}
+    for out_name, fqn in signature.buffers_to_mutate.items():
+        value = produced.get(out_name)
+        if isinstance(value, torch.fx.Node):
+            updates.setdefault(fqn, []).append(value)
+    found: dict[str, set[torch.fx.Node]] = {}
+    for node in ep.graph.nodes:
+        fqn = buffers.get(node.name) if node.op == "placeholder" else None
+        if fqn is None or (fqn not in mutated and STATE_META not in node.meta):
+            continue
+        nodes = found.setdefault(fqn, set())
+        nodes.update(u for u in node.users if u.op == "call_function")
+        for value in updates.get(fqn, []):
+            if value.op == "call_function":
+                nodes.add(value)
+            nodes.update(u for u in value.users if u.op == "call_function")
+    return found

@@ -55,6 +55,9 @@ PROGRAM_FORMAT_MAJOR = 2
 PROGRAM_FORMAT_MINOR = 1  # 2.1: the model fingerprint (etsdk._format.fingerprint)
 #: Node meta key carrying a node's identity through partitioning (export only, never serialized).
 NODE_ID_META = "etsdk_node_id"
+#: Node meta key the core puts on a declared state's buffer placeholder before each partitioner pass: the state
+#: identity (export only, never serialized; ``OperatorPartitioner(state_claims="all_or_none")`` reads it).
+STATE_META = "etsdk_state"
 
 
 @dataclass(frozen=True, slots=True)
