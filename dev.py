@@ -1,14 +1,25 @@
 #!/usr/bin/env python3
-"""Set up everything and run the main job or the test suite, on a machine with only Python.
+"""Set up everything and run the main job, the linters or the test suite, on a machine with only Python.
 
-    python3 dev.py demo      # set up, then export the embedded tiny LLM through etsdk-aoti and generate with it
-    python3 dev.py test      # set up, then run the whole test suite (what CI runs)
-    python3 dev.py setup     # set up only
+    python3 dev.py demo          # set up, then export the embedded tiny LLM through etsdk-aoti and generate with it
+    python3 dev.py test          # set up, lint (ruff + mypy), then run the whole test suite (what CI runs)
+    python3 dev.py test --fast   # while working: ruff, then the unit and contract layers (under 3 minutes)
+    python3 dev.py lint          # set up, then ruff and mypy only
+    python3 dev.py setup         # set up only
 
 Set-up creates ``.venv`` beside this file, installs the pinned torch and
 executorch, the core and every plugin under ``plugins/`` (editable), and builds
 the native bridge. It is skipped when nothing it depends on has changed.
-Extra arguments after ``test`` go to pytest.
+
+The tests are in layers: ``tests/unit`` (no export, no compile), ``tests/integration`` (export and run through
+the core and the reference backend), ``tests/cross_plugin`` (imports or runs a plugin package),
+``tests/hostile`` (hostile-input and leak suites), ``tests/docs`` (runs the docs and the tutorial),
+``tests/benchmarks``, and each plugin's own ``plugins/<name>/tests``. ``test --fast`` runs :data:`FAST` (the unit
+layer, the contract-level tests and the plugins' unit tests) without the tests marked ``slow``.
+
+``test`` lints first and runs pytest whatever the lint said; it exits non-zero when either fails, and pytest's
+summary line is the last line it prints. Extra arguments after ``test`` go to pytest (after the fast lane's
+paths with ``--fast``): ``python3 dev.py test --fast -x -k blob``, ``python3 dev.py test tests/hostile``.
 """
 
 from __future__ import annotations
@@ -24,6 +35,24 @@ ROOT = Path(__file__).resolve().parent
 VENV = Path(os.environ.get("ETSDK_VENV", ROOT / ".venv"))
 PINNED = ["torch==2.13.0", "executorch==1.5.1"]
 TOOLS = ["setuptools>=68", "wheel", "pytest>=8", "hypothesis>=6", "pluggy>=1.5", "packaging>=23", "transformers==5.23.0", "onnx==1.23.2", "onnxscript==0.7.2", "onnxruntime==1.32.0", "ruff", "mypy"]
+
+
+# What `lint` checks (it ran inside the test suite before, as tests/test_lint.py).
+RUFF_TARGETS = ["sdk", "tests", "plugins", "benchmarks", "dev.py"]
+MYPY_TARGETS = ["sdk/etsdk", "plugins/aoti/etsdk_aoti", "plugins/hf_static/etsdk_hf_static", "plugins/tensorrt/etsdk_tensorrt"]
+MYPY_FLAGS = ["--ignore-missing-imports", "--follow-imports=silent"]
+
+# The fast lane (test --fast): the unit layer; the contract-level tests, which check contract records, the
+# export-time contract checks and the binding order on small reference-backend programs (seconds each); the
+# plugins' own unit tests (no export, no compile). Tests marked slow are left out too.
+FAST = [
+    "tests/unit",
+    "tests/integration/test_contracts_programs.py",
+    "tests/integration/test_export_errors.py",
+    "tests/integration/test_order.py",
+    "plugins/aoti/tests/test_threads.py",
+    "plugins/tensorrt/tests/test_trt_units.py",
+]
 
 
 def _bin(name: str) -> Path:
@@ -65,17 +94,44 @@ def setup() -> None:
     _run(_bin("etsdk"), "doctor")
 
 
+def lint(*, mypy: bool = True) -> int:
+    """ruff over the sources, tests, plugins, benchmarks and this file; mypy over the core and the plugins."""
+    checks = [["ruff", "check", *RUFF_TARGETS]]
+    if mypy:
+        checks.append(["mypy", *MYPY_TARGETS, *MYPY_FLAGS])
+    failed = []
+    for check in checks:
+        print("+", " ".join(check), flush=True)
+        if subprocess.run([str(_bin("python")), "-m", *check], cwd=ROOT).returncode != 0:
+            failed.append(check[0])
+    scope = "" if mypy else " (ruff only)"
+    print(f"etsdk dev: lint failed: {', '.join(failed)}{scope}" if failed else f"etsdk dev: lint passed{scope}", flush=True)
+    return 1 if failed else 0
+
+
+def test(args: list[str]) -> int:
+    fast = "--fast" in args
+    args = [arg for arg in args if arg != "--fast"]
+    linted = lint(mypy=not fast)
+    if linted:
+        print("etsdk dev: running the tests anyway; the exit status will be non-zero", flush=True)
+    lane = [*FAST, "-m", "not slow"] if fast else []  # a -m of the caller's comes later and wins
+    tested = subprocess.run([str(_bin("python")), "-m", "pytest", *lane, *args], cwd=ROOT).returncode
+    return tested or linted
+
+
 def main(argv: list[str]) -> int:
     command = argv[0] if argv else "demo"
-    if command not in {"setup", "demo", "test"}:
+    if command not in {"setup", "demo", "test", "lint"}:
         print(__doc__)
         return 2
     setup()
     if command == "demo":
         return subprocess.run([str(_bin("python")), "-m", "etsdk_hf_static.demo", *argv[1:]]).returncode
     if command == "test":
-        result = subprocess.run([str(_bin("python")), "-m", "pytest", *argv[1:]], cwd=ROOT)
-        return result.returncode
+        return test(argv[1:])
+    if command == "lint":
+        return lint()
     return 0
 
 

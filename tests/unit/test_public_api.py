@@ -41,7 +41,7 @@ def _plugin_imports() -> list[tuple[str, str, str]]:
     import ast
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1] / "plugins"
+    root = Path(__file__).resolve().parents[2] / "plugins"
     found = []
     for path in sorted(root.rglob("*.py")):
         if "/standin/" in str(path):

@@ -28,7 +28,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = "EtsdkReferenceBackend"
 AOTI = "EtsdkAotiBackend"
 PREFILL = 4

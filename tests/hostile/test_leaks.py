@@ -6,7 +6,7 @@ resident set by more than a few MB nor leave a single file descriptor open (a
 few new memory mappings are the allocator warming up; a per-cycle leak shows
 as hundreds).
 ``mixed_ext`` decodes with etsdk-aoti (AOTInductor on CPU): its user-managed
-constants and state re-binding are what leaked before (tests/_artifacts.py).
+constants and state re-binding are what leaked before (tests/cross_plugin/_artifacts.py).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import sys
 import textwrap
 from pathlib import Path
 
-from tests._artifacts import artifact
-from tests._hostile import worker_env
+from tests.cross_plugin._artifacts import artifact
+from tests.hostile._hostile import worker_env
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = textwrap.dedent(
     """

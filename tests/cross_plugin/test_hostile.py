@@ -1,8 +1,8 @@
 """Hostile input, run the way an attacker's or a broken disk's files would be: no crash, no silent corruption.
 
-Every case runs in a worker subprocess (tests/hostile_worker.py) that reports
+Every case runs in a worker subprocess (tests/hostile/hostile_worker.py) that reports
 each case; a worker killed by a signal has that case recorded as a crash and
-a new worker continues (tests/_hostile.py). Cases are seeded (``SEED``) and
+a new worker continues (tests/hostile/_hostile.py). Cases are seeded (``SEED``) and
 sized for a few minutes on two cores: for each file of three small exports
 (kv_decoder toy on the reference backend with weights outside and inside the
 ``.pte``; prefill on the reference backend and decode on etsdk-aoti, weights
@@ -30,8 +30,8 @@ from typing import Any
 
 import pytest
 
-from tests._artifacts import artifact
-from tests._hostile import Region, describe, mutations, ptd_regions, pte_regions, run_cases
+from tests.cross_plugin._artifacts import artifact
+from tests.hostile._hostile import Region, describe, mutations, ptd_regions, pte_regions, run_cases
 
 SEED = 14
 FILES = [("ref_ext", "pte"), ("ref_ext", "ptd"), ("ref_emb", "pte"), ("mixed_ext", "pte"), ("mixed_ext", "ptd")]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import etsdk
@@ -12,8 +11,6 @@ from etsdk._plugins.core_plugin import CONTRACTS_DIR
 from etsdk._state.contract import AliasKind, Contract, ContractError, Ownership
 from etsdk._state.signature import ProgramRecord
 from etsdk.errors import EtsdkError, UnsupportedFeatureError
-from etsdk.reference_backend import BACKEND_ID
-from etsdk.testing.toy_decoder import ToyDecoder, kv_decoder_contract, kv_decoder_methods
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -138,54 +135,6 @@ def test_record_must_conform_to_the_registered_spec() -> None:
     del obj["methods"]["prefill"]
     with pytest.raises(ContractError, match="program lacks method 'prefill'"):
         Contract.from_json(obj).check_conforms_to(spec)
-
-
-# ----------------------------------------------------------------------------- through real programs
-
-
-@pytest.fixture(scope="module")
-def toy_pte(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    model = ToyDecoder(seed=2).eval()
-    path = tmp_path_factory.mktemp("contract") / "toy.pte"
-    methods = kv_decoder_methods(model, 4, prefill_backends=(BACKEND_ID,), decode_backends=(BACKEND_ID,))
-    etsdk.lower(methods, contract=kv_decoder_contract(model, 4)).save(path)
-    return path
-
-
-def _patched(src: Path, dst: Path, old: bytes, new: bytes) -> Path:
-    assert len(old) == len(new)
-    data = src.read_bytes()
-    start = data.index(b'{"format":"etsdk.program"')
-    at = data.index(old, start)
-    dst.write_bytes(data[:at] + new + data[at + len(old) :])
-    return dst
-
-
-def test_unknown_contract_and_version_are_refused(toy_pte: Path, tmp_path: Path) -> None:
-    unknown = _patched(toy_pte, tmp_path / "unknown.pte", b'"name":"kv_decoder","version":1', b'"name":"kv_decodex","version":1')
-    with pytest.raises(EtsdkError, match="no installed etsdk plugin provides contract 'kv_decodex'"):
-        etsdk.load(unknown)
-    newer = _patched(toy_pte, tmp_path / "newer.pte", b'"name":"kv_decoder","version":1', b'"name":"kv_decoder","version":7')
-    with pytest.raises(EtsdkError, match="contract 'kv_decoder' version 7 is not supported by this installation; supported versions: 1"):
-        etsdk.load(newer)
-
-
-def test_record_drifting_from_spec_is_refused_at_load(toy_pte: Path, tmp_path: Path) -> None:
-    drift = _patched(toy_pte, tmp_path / "drift.pte", b'"name":"tokens","role":"tokens","dtype":"int64"', b'"name":"tokens","role":"tokens","dtype":"int32"')
-    with pytest.raises(ContractError, match="drift.pte: method 'prefill' input 0: expected 'tokens' \\(tokens, int64 \\[1, 4\\]\\), found 'tokens' \\(tokens, int32"):
-        etsdk.load(drift)
-
-
-def test_engine_io_is_checked_against_the_record(toy_pte: Path) -> None:
-    from etsdk._runtime.program import _check_engine_io
-
-    program = etsdk.load(toy_pte)
-    other = Contract.from_bytes(SPEC_PATH.read_bytes()).bind(**{**SIZES, "T": 5})
-    with pytest.raises(ContractError, match="method 'prefill' input 0 \\('tokens', role tokens\\): expected int64 \\[1, 5\\], found int64 \\[1, 4\\]"):
-        _check_engine_io(program, other)
-    wider = Contract.from_bytes(SPEC_PATH.read_bytes()).bind(**{**SIZES, "V": 33})
-    with pytest.raises(ContractError, match="method 'prefill' output 0 \\('logits', role logits\\): expected float32 \\[1, 4, 33\\], found float32 \\[1, 4, 32\\]"):
-        _check_engine_io(program, wider)
 
 
 def test_program_record_rejects_bad_bytes() -> None:

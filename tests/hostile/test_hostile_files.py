@@ -21,9 +21,9 @@ from etsdk._export.output import check_output_path
 from etsdk.errors import ExportError
 from etsdk.reference_backend import BACKEND_ID
 
-from tests._hostile import worker_env
+from tests.hostile._hostile import worker_env
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # One script for every subprocess here: export helpers, then the scenario named on the command line.
 SCRIPT = textwrap.dedent(

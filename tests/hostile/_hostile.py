@@ -1,6 +1,6 @@
 """The parent side of the hostile-input suite: regions of files, seeded cases, a crash-tolerant worker pool of one.
 
-:func:`run_cases` feeds cases to ``tests/hostile_worker.py`` in a subprocess;
+:func:`run_cases` feeds cases to ``tests/hostile/hostile_worker.py`` in a subprocess;
 a worker that dies mid-case (a signal) has that case recorded as ``crash`` and
 a fresh worker continues with the rest; a case that runs longer than its
 deadline is recorded as ``hang``.
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CASE_DEADLINE_S = 300.0
 
 
@@ -143,7 +143,7 @@ def run_cases(cases: Iterable[dict[str, Any]], *, cache: Path | None = None) -> 
 def _run_worker(cases: list[dict[str, Any]], results: dict[int, dict[str, Any]], env: dict[str, str]) -> None:
     with tempfile.TemporaryFile() as stderr:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.hostile_worker"],
+            [sys.executable, "-m", "tests.hostile.hostile_worker"],
             cwd=ROOT,
             env=env,
             stdin=subprocess.PIPE,

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from etsdk.testing import PluginSite
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TUTORIAL = ROOT / "docs" / "backend-tutorial.md"
 
 
