@@ -42,13 +42,13 @@ RUFF_TARGETS = ["sdk", "tests", "plugins", "benchmarks", "dev.py"]
 MYPY_TARGETS = ["sdk/etsdk", "plugins/aoti/etsdk_aoti", "plugins/hf_static/etsdk_hf_static", "plugins/tensorrt/etsdk_tensorrt"]
 MYPY_FLAGS = ["--ignore-missing-imports", "--follow-imports=silent"]
 
-# The fast lane (test --fast): the unit layer; the contract-level tests, which check contract records, the
-# export-time contract checks and the binding order on small reference-backend programs (seconds each); the
-# plugins' own unit tests (no export, no compile). Tests marked slow are left out too.
+# The fast lane (test --fast): the unit layer; the contract-level tests, which check contract records and the
+# binding order against small reference-backend programs (seconds each); the plugins' own unit tests (no export,
+# no compile). Tests marked slow are left out too. tests/integration/test_export_errors.py (the export-time
+# contract checks, ~30 s) is left to the full run: with it the lane took 3 min 4 s on two busy cores.
 FAST = [
     "tests/unit",
     "tests/integration/test_contracts_programs.py",
-    "tests/integration/test_export_errors.py",
     "tests/integration/test_order.py",
     "plugins/aoti/tests/test_threads.py",
     "plugins/tensorrt/tests/test_trt_units.py",
