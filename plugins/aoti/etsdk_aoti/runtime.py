@@ -1,8 +1,10 @@
 """The etsdk-aoti runtime binding: load the library, bind weights and state, run.
 
-``init`` checks everything before anything can run: the blob's features, the
-container's constants against the recorded descriptions (name, FQN, folded,
-dtype, size), the weights entry's size, each bound tensor's dtype and shape,
+``init`` checks everything before anything can run: the blob itself
+(:func:`etsdk_aoti.blob_format.decode`: features, every field, ``state_inputs``
+against the delegate's state bindings, the library's SHA-256), the container's
+constants against the recorded descriptions (name, FQN, kind, folded, dtype,
+size), the weights entry's size, each bound tensor's dtype and shape,
 and the completeness rule: folded constants, buffers, tensor constants and
 empty parameters may be absent from the weights (absent ones are bound to
 zero-filled storage, since a constant left unbound crashes ``Run``); any other
@@ -21,39 +23,19 @@ team size :mod:`etsdk_aoti.threads` picks (all threads, or one under contention)
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 from etsdk import BackendUnavailableError, BlobFormatError, ProgramError
-from etsdk.backend import BlobReader, InitContext, dtype_name, torch_dtype
+from etsdk.backend import InitContext, dtype_name, torch_dtype
 
-from etsdk_aoti import BACKEND_ID, BLOB_FEATURE, STATE_INPUTS_FEATURE, weights
+from etsdk_aoti import BACKEND_ID, blob_format, weights
+from etsdk_aoti.blob_format import AotiBlob, Source
 from etsdk_aoti.library import ConstantKind, Library, cached_library
 from etsdk_aoti.threads import TeamSize
 
-_MAY_BE_ABSENT = {ConstantKind.BUFFER.value, ConstantKind.TENSOR_CONSTANT.value, ConstantKind.FOLDED.value}
-
-
-def _library_file(data: memoryview, expected: str) -> Path:
-    """The compiled library on disk (dlopen needs a file): its bytes checked against the blob's record first."""
-    digest = hashlib.sha256(data).hexdigest()
-    if digest != expected:
-        raise BlobFormatError(
-            f"etsdk-aoti: the compiled library's SHA-256 is {digest[:16]}..., the blob records {expected[:16]}...; "
-            "refusing to load a damaged library"
-        )
-    return cached_library(data, digest)
-
-
-def _json(reader: BlobReader, name: str) -> Any:
-    try:
-        return json.loads(bytes(reader.section(name)).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise BlobFormatError(f"etsdk-aoti blob section '{name}' is not valid JSON: {exc}") from None
+_MAY_BE_ABSENT = {ConstantKind.BUFFER, ConstantKind.TENSOR_CONSTANT, ConstantKind.FOLDED}
 
 
 class AotiHandle:
@@ -114,113 +96,95 @@ class AotiBinding:
     """Runtime binding of etsdk-aoti."""
 
     def init(self, context: InitContext) -> AotiHandle:
-        reader = BlobReader(context.blob, known_features={BLOB_FEATURE, STATE_INPUTS_FEATURE})
-        config = _json(reader, "config")
-        records = _json(reader, "constants")
-        if not isinstance(config, dict) or not isinstance(records, list):
-            raise BlobFormatError("etsdk-aoti blob: 'config' must be an object and 'constants' a list")
-        device = str(config.get("device", "cpu"))
+        # features, both JSON sections, state_inputs against the delegate's bindings, the library's SHA-256
+        blob = blob_format.decode(context.blob, state_bindings=len(context.states))
+        device = blob.config.device
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise BackendUnavailableError(
                 f"this program was compiled by etsdk-aoti for {device}, but no CUDA device is available",
                 backend_id=BACKEND_ID,
             )
-        expected = config.get("library_sha256")
-        if not isinstance(expected, str):
-            raise BlobFormatError("etsdk-aoti blob: config records no library_sha256")
-        library = Library(_library_file(reader.section("library"), expected), device)
+        assert isinstance(blob.library, memoryview)  # decode's zero-copy view, its hash checked
+        library = Library(cached_library(blob.library, blob.config.library_sha256), device)
         try:
-            handle = self._bind(library, config, records, context, device)
+            handle = self._bind(library, blob, context)
         except BaseException:
             library.close()
             raise
         return handle
 
-    def _bind(self, library: Library, config: dict[str, Any], records: list[Any], context: InitContext, device: str) -> AotiHandle:
+    def _bind(self, library: Library, blob: AotiBlob, context: InitContext) -> AotiHandle:
+        device = blob.config.device
         actual = library.constants()
-        if len(actual) != len(records):
+        if len(actual) != len(blob.constants):
             raise BlobFormatError(
-                f"the compiled library has {len(actual)} constants, the blob describes {len(records)}"
+                f"the compiled library has {len(actual)} constants, the blob describes {len(blob.constants)}"
             )
-        for have, want in zip(actual, records):
-            found = (have.name, have.fqn, have.folded, have.dtype_code, have.nbytes)
-            expected = (want.get("name"), want.get("fqn"), want.get("folded"), want.get("dtype_code"), want.get("nbytes"))
+        for have, want in zip(actual, blob.constants):
+            found = (have.name, have.fqn, have.kind.value, have.folded, have.dtype_code, have.nbytes)
+            expected = (want.name, want.fqn, want.kind.value, want.folded, want.dtype_code, want.nbytes)
             if found != expected:
                 raise BlobFormatError(f"constant {have.index}: the library reports {found}, the blob describes {expected}")
         buffer = None
-        if config.get("weights_key"):
-            buffer = context.named_data.get(str(config["weights_key"]))
-            if buffer.nbytes != config.get("weights_bytes"):
+        entry = blob.config.weights
+        if entry is not None:
+            buffer = context.named_data.get(entry.key)
+            if buffer.nbytes != entry.nbytes:
                 raise ProgramError(
-                    f"etsdk-aoti weights '{config['weights_key']}' are {buffer.nbytes} bytes, expected "
-                    f"{config.get('weights_bytes')} (truncated or from another export)"
+                    f"etsdk-aoti weights '{entry.key}' are {buffer.nbytes} bytes, expected "
+                    f"{entry.nbytes} (truncated or from another export)"
                 )
         pairs: list[tuple[str, Any]] = []
         missing: list[str] = []
-        for record in records:
-            source = record.get("source")
-            name = str(record["name"])
-            if source == "folded":
+        for constant in blob.constants:
+            name = constant.name
+            if constant.source is Source.FOLDED:
                 continue
-            if source == "state":
-                raise BlobFormatError(
-                    f"constant '{name}' is bound to a state: a blob written before state became a library input "
-                    f"({STATE_INPUTS_FEATURE}); re-export the program"
-                )
-            if source == "weights":
-                if buffer is None:
-                    raise BlobFormatError(f"constant '{name}' lives in the weights, but the blob names no weights entry")
-                slot = weights.Slot(name, int(record["offset"]), int(record["nbytes"]))
-                dtype = getattr(torch, str(record["dtype"]))
-                if torch_dtype(int(record["dtype_code"])) != dtype:
+            if constant.source is Source.WEIGHTS:
+                stored = constant.slot
+                assert buffer is not None and stored is not None  # decode: a weights constant has a slot and an entry
+                dtype = getattr(torch, stored.dtype)
+                if torch_dtype(constant.dtype_code) != dtype:
                     raise BlobFormatError(
-                        f"constant '{name}': the container's dtype is {torch_dtype(int(record['dtype_code']))}, the "
+                        f"constant '{name}': the container's dtype is {torch_dtype(constant.dtype_code)}, the "
                         f"description says {dtype}"
                     )
                 try:
-                    tensor = weights.read(buffer, slot, dtype, record["shape"], record["stride"])
+                    tensor = weights.read(buffer, weights.Slot(name, stored.offset, constant.nbytes), dtype, stored.shape, stored.stride)
                 except ValueError as exc:
                     raise ProgramError(f"etsdk-aoti weights: {exc}") from None
-                if tensor.numel() * tensor.element_size() != record["nbytes"]:
+                if tensor.numel() * tensor.element_size() != constant.nbytes:
                     raise BlobFormatError(
-                        f"constant '{name}': {dtype} {record['shape']} is {tensor.numel() * tensor.element_size()} "
-                        f"bytes, the container expects {record['nbytes']}"
+                        f"constant '{name}': {dtype} {list(stored.shape)} is {tensor.numel() * tensor.element_size()} "
+                        f"bytes, the container expects {constant.nbytes}"
                     )
                 pairs.append((name, tensor.to(device) if device != "cpu" else tensor))
-            elif source == "absent":
-                empty_parameter = record.get("kind") == ConstantKind.PARAMETER.value and record["nbytes"] == 0
-                if record.get("kind") not in _MAY_BE_ABSENT and not empty_parameter:
-                    missing.append(f"{name} ({record.get('fqn')}, {record.get('kind')})")
+            else:  # Source.ABSENT
+                empty_parameter = constant.kind is ConstantKind.PARAMETER and constant.nbytes == 0
+                if constant.kind not in _MAY_BE_ABSENT and not empty_parameter:
+                    missing.append(f"{name} ({constant.fqn}, {constant.kind.value})")
                     continue
-                dtype = torch_dtype(int(record["dtype_code"]))
-                count = int(record["nbytes"]) // max(torch.empty((), dtype=dtype).element_size(), 1)
+                dtype = torch_dtype(constant.dtype_code)
+                count = constant.nbytes // max(torch.empty((), dtype=dtype).element_size(), 1)
                 pairs.append((name, torch.zeros(count, dtype=dtype, device=device)))
-            else:
-                raise BlobFormatError(f"constant '{name}' has unknown source {source!r}")
         if missing:
             raise ProgramError(
                 f"etsdk-aoti: {len(missing)} constant(s) missing from the weights: {', '.join(missing)} "
                 "(only folded constants, buffers, tensor constants and empty parameters may be absent)"
             )
         library.bind_user_managed(pairs)
-        if any(r.get("source") == "folded" for r in records):
+        if blob.folds_constants:
             library.run_constant_folding()
-        # the serializer passes every state binding, in binding order: anything else (a permutation of same-shaped
-        # caches would swap them silently) is a damaged or foreign blob
-        indices = config.get("state_inputs") or []
-        if indices != list(range(len(context.states))) or any(isinstance(i, bool) for i in indices):
-            raise BlobFormatError(
-                f"etsdk-aoti blob: state_inputs must be {list(range(len(context.states)))} (every state binding in "
-                f"order), found {indices!r}"
-            )
+        # decode checked that state_inputs names every state binding, in binding order
         state_inputs = [(index, tuple(binding.shape), str(binding.dtype)) for index, binding in enumerate(context.states)]
         # the library's real arity, never the blob's word for it: a short input list would hand it stale handles
         signature = context.signature
         wanted = (len(signature.inputs) + len(state_inputs), len(signature.outputs))
-        if (library.num_inputs, library.num_outputs) != wanted or config.get("num_inputs") != library.num_inputs:
+        arity = (library.num_inputs, library.num_outputs)
+        if arity != wanted or (blob.config.num_inputs, blob.config.num_outputs) != arity:
             raise BlobFormatError(
                 f"the compiled library takes {library.num_inputs} inputs and returns {library.num_outputs} outputs "
-                f"(config says {config.get('num_inputs')!r} inputs); the delegate binds {len(signature.inputs)} inputs + "
-                f"{len(state_inputs)} state inputs and {len(signature.outputs)} outputs"
+                f"(config says {blob.config.num_inputs} inputs and {blob.config.num_outputs} outputs); the delegate "
+                f"binds {len(signature.inputs)} inputs + {len(state_inputs)} state inputs and {len(signature.outputs)} outputs"
             )
         return AotiHandle(library, len(signature.inputs), device, state_inputs)

@@ -1,15 +1,13 @@
 """Preprocess: compile a partition with AOTInductor; blob = library + constant descriptions; weights streamed.
 
-The blob (etsdk container, feature ``aoti.container.v1``) holds three sections:
-
-* ``library``: the compiled ``.so``, streamed from Inductor's output file;
-* ``constants``: every constant the *container* reports, in its order: name,
-  original FQN, kind, folded or not, dtype, shape, stride, size, and where its
-  data comes from (``weights``: a slot of the weights entry; ``absent``;
-  ``folded``; a state reaching the library as a constant fails the export);
-* ``config``: device, input / output counts, the weights' named-data key and size,
-  and ``state_inputs``: the delegate's state bindings the library takes as
-  inputs after the engine inputs (feature ``aoti.state_inputs.v1``).
+The blob (layout: :mod:`etsdk_aoti.blob_format`) holds the compiled ``.so``,
+streamed from Inductor's output file; one record per constant the *container*
+reports, in its order, with where its data comes from (a slot of the weights
+entry, absent, or folded; a state reaching the library as a constant fails the
+export); and the config: device, arity, the weights entry, the library's hash
+and ``state_inputs``, the delegate's state bindings the library takes as inputs
+after the engine inputs. This module builds that record; ``blob_format.encode``
+writes it.
 
 State is never an Inductor constant: each state buffer becomes an input of the
 compiled library that the library updates in place (the runtime passes the
@@ -27,7 +25,6 @@ Compilation uses Inductor options only (no patching of torch or executorch).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -38,9 +35,10 @@ from typing import Any
 
 import torch
 from etsdk import ExportError
-from etsdk.backend import BlobWriter, DelegateSignature, Partition, StateBinding, aten_name, dtype_name
+from etsdk.backend import DelegateSignature, Partition, StateBinding, aten_name, dtype_name
 
-from etsdk_aoti import BLOB_FEATURE, STATE_INPUTS_FEATURE, weights
+from etsdk_aoti import blob_format, weights
+from etsdk_aoti.blob_format import AotiBlob, Config, Constant, Source, WeightsEntry, WeightsSlot
 from etsdk_aoti.library import ConstantKind, Library
 from etsdk_aoti.partitioner import DEVICE_SPEC, KERNEL_THREADS_SPEC
 
@@ -281,31 +279,23 @@ def compile_partition(
 
 
 def describe_constants(
-    library: Library, edge_program: Any, produced: dict[str, Any], signature: DelegateSignature
-) -> tuple[list[dict[str, Any]], list[Any]]:
-    """One record per container constant; plus the tensors to write, in slot order."""
+    library: Library, edge_program: Any, produced: dict[str, Any], signature: DelegateSignature, device: str
+) -> tuple[tuple[Constant, ...], list[weights.Slot], list[Any], int]:
+    """One record per container constant (each ``weights`` one at its slot of the weights layout for ``device``);
+    the slots and the tensors to write, in slot order; the weights' size."""
     states = signature.state_by_fqn
-    records: list[dict[str, Any]] = []
-    tensors: list[Any] = []
+    found: list[tuple[Any, Source, Any]] = []  # (container constant, source, tensor to write or None)
     for constant in library.constants():
-        record: dict[str, Any] = {
-            "name": constant.name,
-            "fqn": constant.fqn,
-            "kind": constant.kind.value,
-            "folded": constant.folded,
-            "dtype_code": constant.dtype_code,
-            "nbytes": constant.nbytes,
-        }
         tensor = _find_tensor(edge_program, produced, constant.fqn)
         if constant.folded or constant.kind is ConstantKind.FOLDED:
-            record["source"] = "folded"
+            found.append((constant, Source.FOLDED, None))
         elif constant.fqn in states:
             raise ExportError(
                 f"etsdk-aoti: state '{states[constant.fqn].state}' ({constant.fqn}) reached the compiled library as a "
                 "constant; state must be an input the library updates in place"
             )
         elif tensor is None:
-            record["source"] = "absent"
+            found.append((constant, Source.ABSENT, None))
         else:
             tensor = tensor.detach()
             nbytes = tensor.numel() * tensor.element_size()
@@ -314,15 +304,33 @@ def describe_constants(
                     f"constant '{constant.name}' ({constant.fqn}): the container expects {constant.nbytes} bytes, "
                     f"the tensor has {nbytes}"
                 )
-            record.update(
-                source="weights",
+            found.append((constant, Source.WEIGHTS, tensor))
+    tensors = [tensor for _, source, tensor in found if source is Source.WEIGHTS]
+    slots, total = weights.layout([(c.name, c.nbytes) for c, source, _ in found if source is Source.WEIGHTS], device)
+    offsets = iter(slots)
+    records = []
+    for constant, source, tensor in found:
+        slot = None
+        if tensor is not None:
+            slot = WeightsSlot(
+                offset=next(offsets).offset,
                 dtype=dtype_name(tensor.dtype),
-                shape=list(tensor.shape),
-                stride=list(tensor.contiguous().stride()),
+                shape=tuple(tensor.shape),
+                stride=tuple(tensor.contiguous().stride()),
             )
-            tensors.append(tensor)
-        records.append(record)
-    return records, tensors
+        records.append(
+            Constant(
+                name=constant.name,
+                fqn=constant.fqn,
+                kind=constant.kind,
+                folded=constant.folded,
+                dtype_code=constant.dtype_code,
+                nbytes=constant.nbytes,
+                source=source,
+                slot=slot,
+            )
+        )
+    return tuple(records), slots, tensors, total
 
 
 def preprocess(partition: Partition) -> bytes:
@@ -341,7 +349,7 @@ def preprocess(partition: Partition) -> bytes:
         # The constants' metadata is read from a container on the compile device: the
         # blob is written from what the container says, not from the state dict.
         library = Library(library_path, device)
-        records, tensors = describe_constants(library, edge_program, produced, signature)
+        constants, slots, tensors, total = describe_constants(library, edge_program, produced, signature, device)
         num_inputs, num_outputs = library.num_inputs, library.num_outputs
         library.close()
         del produced
@@ -351,11 +359,6 @@ def preprocess(partition: Partition) -> bytes:
                 f"the compiled library takes {num_inputs} inputs and returns {num_outputs} outputs, the delegate "
                 f"binds {len(signature.inputs)} inputs + {len(signature.states)} states and {len(signature.outputs)} outputs"
             )
-        slots, total = weights.layout([(r["name"], r["nbytes"]) for r in records if r["source"] == "weights"], device)
-        offsets = {slot.name: slot.offset for slot in slots}
-        for record in records:
-            if record["name"] in offsets:
-                record["offset"] = offsets[record["name"]]
         if slots:
             fd, name = tempfile.mkstemp(prefix="etsdk-aoti-weights-", suffix=".bin")
             os.close(fd)
@@ -364,34 +367,17 @@ def preprocess(partition: Partition) -> bytes:
             # the writer deletes the file once the program is written
             weights_key = partition.named_data.add_file(weights_path, sha256=digest, cleanup=True)
         del tensors
-        library_sha256 = _sha256_file(library_path)
-        config = {
-            "device": device,
-            "num_inputs": num_inputs,
-            "num_outputs": num_outputs,
-            "weights_key": weights_key,
-            "weights_bytes": total,
-            "library_sha256": library_sha256,
-            # the library's inputs after the engine inputs: these state bindings (indices into signature.states)
-            "state_inputs": list(range(len(signature.states))),
-        }
-        features = [BLOB_FEATURE, STATE_INPUTS_FEATURE] if signature.states else [BLOB_FEATURE]
-        writer = BlobWriter(required_features=features, producer="etsdk-aoti")
-        writer.add_section("config", json.dumps(config).encode())
-        writer.add_section("constants", json.dumps(records).encode())
-        writer.add_file_section("library", library_path, alignment=4096)
-        return writer.to_bytes()  # the library file is deleted below
+        config = Config(
+            device=device,
+            num_inputs=num_inputs,
+            num_outputs=num_outputs,
+            weights=WeightsEntry(weights_key, total) if weights_key is not None else None,
+            library_sha256=blob_format.library_sha256(library_path),
+            # the library's inputs after the engine inputs: every state binding, in order
+            state_inputs=tuple(range(len(signature.states))),
+        )
+        return blob_format.encode(AotiBlob(config, constants, library_path))  # the library file is deleted below
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
         if weights_path is not None and weights_key is None:
             weights_path.unlink(missing_ok=True)  # failed before the writer took it
-
-
-def _sha256_file(path: Path) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(8 * 1024 * 1024):
-            h.update(chunk)
-    return h.hexdigest()

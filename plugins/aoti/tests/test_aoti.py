@@ -18,7 +18,7 @@ import pytest
 import torch
 from etsdk.backend import BlobReader, BlobWriter, InitContext
 from etsdk.testing import NamedDataStub, capture_delegates
-from etsdk_aoti import BACKEND_ID, BLOB_FEATURE, weights
+from etsdk_aoti import BACKEND_ID, BLOB_FEATURE, blob_format, weights
 from etsdk_aoti.runtime import AotiBinding
 
 TOLERANCE = dict(atol=1e-5, rtol=1e-5)  # Inductor's fused kernels reorder float32 sums
@@ -166,6 +166,71 @@ def test_unknown_required_feature_is_refused(parts: dict[str, Any]) -> None:
     blob = _rebuild(parts["payload"], features=(BLOB_FEATURE, "aoti.container.v2-sparse"))
     with pytest.raises(etsdk.UnsupportedFeatureError, match="aoti.container.v2-sparse"):
         _init(parts, blob)
+
+
+# ----------------------------------------------------------------------------- blob format
+
+
+def test_blob_decodes_to_typed_records_and_encodes_to_the_same_bytes(parts: dict[str, Any]) -> None:
+    from dataclasses import replace
+
+    blob = blob_format.decode(parts["payload"])
+    assert isinstance(blob.library, memoryview)
+    assert blob.config.weights == blob_format.WeightsEntry(parts["config"]["weights_key"], parts["weights"].nbytes)
+    assert blob.config.state_inputs == () and blob.required_features() == [BLOB_FEATURE]
+    weight = next(c for c in blob.constants if c.fqn == "net.0.weight")
+    assert weight.source is blob_format.Source.WEIGHTS and weight.slot is not None
+    assert (weight.slot.dtype, weight.slot.shape, weight.slot.stride) == ("float32", (64, 16), (16, 1))
+    assert blob_format.encode(replace(blob, library=bytes(blob.library))) == bytes(parts["payload"])
+
+
+def test_blob_sections_keep_their_json_spelling() -> None:
+    """The sections' exact text is part of the program's hash: key order and json.dumps' default spacing."""
+    from etsdk_aoti.library import ConstantKind
+
+    config = blob_format.Config("cpu", 3, 1, blob_format.WeightsEntry("K/abc", 128), "0" * 64, (0,))
+    constants = (
+        blob_format.Constant(
+            "w", "net.w", ConstantKind.PARAMETER, False, 6, 64, blob_format.Source.WEIGHTS,
+            blob_format.WeightsSlot(64, "float32", (4, 4), (4, 1)),
+        ),
+        blob_format.Constant("f", "", ConstantKind.FOLDED, True, 6, 8, blob_format.Source.FOLDED),
+    )
+    payload = blob_format.encode(blob_format.AotiBlob(config, constants, b"\x7fELF"))
+    reader = BlobReader(payload, known_features=blob_format.KNOWN_FEATURES)
+    assert reader.required_features == ("aoti.container.v1", "aoti.state_inputs.v1")
+    assert [s.name for s in reader.sections] == ["config", "constants", "library"]
+    assert bytes(reader.section("config")).decode() == (
+        '{"device": "cpu", "num_inputs": 3, "num_outputs": 1, "weights_key": "K/abc", "weights_bytes": 128, '
+        '"library_sha256": "' + "0" * 64 + '", "state_inputs": [0]}'
+    )
+    assert bytes(reader.section("constants")).decode() == (
+        '[{"name": "w", "fqn": "net.w", "kind": "parameter", "folded": false, "dtype_code": 6, "nbytes": 64, '
+        '"source": "weights", "dtype": "float32", "shape": [4, 4], "stride": [4, 1], "offset": 64}, '
+        '{"name": "f", "fqn": "", "kind": "folded", "folded": true, "dtype_code": 6, "nbytes": 8, "source": "folded"}]'
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"config": {"device": "tpu"}}, r"config.device must be 'cpu', 'cuda' or 'cuda:N', found 'tpu'"),
+        ({"config": {"weights_key": None}}, r"config.weights_bytes is \d+ but config.weights_key is null"),
+        ({"config": {"num_inputs": -1}}, r"config.num_inputs must be a non-negative integer, found -1"),
+        ({"config": {"state_inputs": [1]}}, r"config.state_inputs must be \[0\] \(every state binding in order\), found \[1\]"),
+        ({"net.0.weight": {"kind": "weight"}}, r"constants\[\d+\] \('net_0_weight'\).kind must be one of unknown, .*found 'weight'"),
+        ({"net.0.weight": {"shape": [64, "16"]}}, r"\('net_0_weight'\).shape must be a list of non-negative integers, found \[64, '16'\]"),
+        ({"net.0.weight": {"stride": [1]}}, r"'net_0_weight'\): shape \[64, 16\] and stride \[1\] differ in length"),
+        ({"net.0.weight": {"offset": 1 << 20}}, r"constant 'net_0_weight' occupies bytes \[1048576, 1052672\) of the weights, which"),
+        ({"net.0.weight": {"source": "state"}}, r"constant 'net_0_weight' is bound to a state: .* re-export the program"),
+        ({"net.0.weight": {"source": "disk"}}, r"constant 'net_0_weight' has unknown source 'disk' \(expected one of weights, absent, folded\)"),
+    ],
+)
+def test_decode_names_the_field_what_it_must_be_and_what_it_is(parts: dict[str, Any], change: dict[str, Any], message: str) -> None:
+    config = dict(parts["config"], **change.get("config", {}))
+    constants = _constants_with(parts, "net.0.weight", **change.get("net.0.weight", {}))
+    with pytest.raises(etsdk.BlobFormatError, match=message):
+        blob_format.decode(_rebuild(parts["payload"], config=config, constants=constants))
 
 
 def test_truncated_ptd_file_fails_cleanly(exported: dict[str, Any], tmp_path: Path) -> None:

@@ -1,7 +1,9 @@
 """``etsdk new-backend NAME``: a complete, pip-installable backend plugin that works at once.
 
-The template (``template/``) is the four rooms every plugin has, a ``pyproject.toml`` with the entry point,
-tests that run the conformance kit, and a README. Its backend computes the operators it claims with torch, so
+The template (``template/``) is the four rooms every plugin has (``plugin.py``, ``partitioner.py``,
+``serializer.py``, ``runtime.py``) plus ``blob_format.py``, the one home of the blob's layout that the
+serializer encodes and the runtime decodes; a ``pyproject.toml`` with the entry point, tests that run the
+conformance kit, and a README. Its backend computes the operators it claims with torch, so
 a fresh scaffold exports, runs and passes the kit before its author changes anything.
 """
 
@@ -23,6 +25,7 @@ _LAYOUT = {
     "package/plugin.py.tmpl": "etsdk_{name}/plugin.py",
     "package/partitioner.py.tmpl": "etsdk_{name}/partitioner.py",
     "package/serializer.py.tmpl": "etsdk_{name}/serializer.py",
+    "package/blob_format.py.tmpl": "etsdk_{name}/blob_format.py",
     "package/runtime.py.tmpl": "etsdk_{name}/runtime.py",
     "tests/test_backend.py.tmpl": "tests/test_{name}.py",
     "tests/test_conformance.py.tmpl": "tests/test_conformance.py",

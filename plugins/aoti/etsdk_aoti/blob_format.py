@@ -1,0 +1,403 @@
+"""What an etsdk-aoti blob says, written and read in one place.
+
+The payload is an etsdk container (:class:`etsdk.backend.BlobWriter`, producer ``etsdk-aoti``) with three
+sections, in this order:
+
+``config`` (JSON object)::
+
+    {"device": "cpu" | "cuda" | "cuda:N",   the device the library was compiled for
+     "num_inputs": int,                     the library's inputs: the delegate's inputs, then its state inputs
+     "num_outputs": int,                    the library's outputs: the delegate's outputs
+     "weights_key": str | null,             the named-data entry holding the weights (layout: etsdk_aoti.weights)
+     "weights_bytes": int,                  its size in bytes (0 without one)
+     "library_sha256": str,                 hex SHA-256 of section ``library``
+     "state_inputs": [int]}                 the state bindings (indices into the signature's states) the library
+                                            takes after the delegate's inputs: every binding, in order
+
+``constants`` (JSON list): one record per constant the *container* reports, in container order::
+
+    {"name", "fqn", "kind", "folded", "dtype_code", "nbytes", "source"}
+    + for source "weights": {"dtype", "shape", "stride", "offset"}
+
+    kind:   the container's: "unknown" | "parameter" | "buffer" | "tensor_constant" | "folded"
+    source: "weights" (a slot of the weights entry at ``offset``, viewed as dtype / shape / stride),
+            "absent" (not in the weights: bound to zeros where the completeness rule allows it),
+            "folded" (computed by the library's constant folding at load)
+
+``library``: the compiled ``.so`` (4096-aligned), streamed from Inductor's output file.
+
+Required features (a reader refuses any it does not know): ``aoti.container.v1`` always;
+``aoti.state_inputs.v1`` when ``state_inputs`` is not empty. A constant with source ``"state"`` (blobs from
+before ``aoti.state_inputs.v1``) is refused: the program must be re-exported.
+
+Both JSON sections are written with ``json.dumps``' default spacing and in the key order above: the bytes of a
+blob are part of the program's recorded hash.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from etsdk import BlobFormatError
+from etsdk.backend import BlobReader, BlobWriter
+
+from etsdk_aoti.library import ConstantKind
+
+BLOB_FEATURE = "aoti.container.v1"
+#: the library takes the delegate's state as inputs after its engine inputs (config ``state_inputs``); a reader
+#: without this feature would run it with too few inputs, so it is a required feature of such blobs
+STATE_INPUTS_FEATURE = "aoti.state_inputs.v1"
+KNOWN_FEATURES = frozenset({BLOB_FEATURE, STATE_INPUTS_FEATURE})
+
+PRODUCER = "etsdk-aoti"
+CONFIG_SECTION = "config"
+CONSTANTS_SECTION = "constants"
+LIBRARY_SECTION = "library"
+LIBRARY_ALIGNMENT = 4096
+
+_DEVICE = re.compile(r"cpu|cuda(:\d+)?")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+class Source(str, enum.Enum):
+    """Where a constant's data comes from at load."""
+
+    WEIGHTS = "weights"
+    ABSENT = "absent"
+    FOLDED = "folded"
+
+
+#: the source blobs written before ``aoti.state_inputs.v1`` gave a state bound as a constant
+LEGACY_STATE_SOURCE = "state"
+
+
+@dataclass(frozen=True, slots=True)
+class WeightsEntry:
+    """The named-data entry holding a delegate's weights."""
+
+    key: str
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Section ``config``."""
+
+    device: str
+    num_inputs: int
+    num_outputs: int
+    weights: WeightsEntry | None
+    library_sha256: str
+    state_inputs: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class WeightsSlot:
+    """Where a ``weights`` constant lies in the weights entry, and the tensor its bytes are."""
+
+    offset: int
+    dtype: str
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Constant:
+    """One record of section ``constants``: what the container reported, and where the data comes from."""
+
+    name: str
+    fqn: str
+    kind: ConstantKind
+    folded: bool
+    dtype_code: int
+    nbytes: int
+    source: Source
+    slot: WeightsSlot | None = None  # exactly when source is WEIGHTS
+
+
+@dataclass(frozen=True, slots=True)
+class AotiBlob:
+    """Everything an etsdk-aoti blob holds.
+
+    ``library``: the compiled ``.so``; a file (streamed when encoding) or its bytes, and after :func:`decode`
+    a zero-copy view of the payload whose SHA-256 was checked against ``config.library_sha256``.
+    """
+
+    config: Config
+    constants: tuple[Constant, ...]
+    library: Path | bytes | memoryview
+
+    def required_features(self) -> list[str]:
+        return [BLOB_FEATURE, STATE_INPUTS_FEATURE] if self.config.state_inputs else [BLOB_FEATURE]
+
+    @property
+    def folds_constants(self) -> bool:
+        """Whether the library computes some constants itself (its constant folding runs at load)."""
+        return any(c.source is Source.FOLDED for c in self.constants)
+
+
+def library_sha256(library: Path | bytes | memoryview) -> str:
+    """The hex SHA-256 ``config.library_sha256`` records (a file is read in chunks)."""
+    digest = hashlib.sha256()
+    if isinstance(library, Path):
+        with library.open("rb") as f:
+            while chunk := f.read(8 * 1024 * 1024):
+                digest.update(chunk)
+    else:
+        digest.update(library)
+    return digest.hexdigest()
+
+
+# ----------------------------------------------------------------------------------------------- encode
+
+
+def _config_json(config: Config) -> dict[str, Any]:
+    return {
+        "device": config.device,
+        "num_inputs": config.num_inputs,
+        "num_outputs": config.num_outputs,
+        "weights_key": config.weights.key if config.weights is not None else None,
+        "weights_bytes": config.weights.nbytes if config.weights is not None else 0,
+        "library_sha256": config.library_sha256,
+        "state_inputs": list(config.state_inputs),
+    }
+
+
+def _constant_json(constant: Constant) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "name": constant.name,
+        "fqn": constant.fqn,
+        "kind": constant.kind.value,
+        "folded": constant.folded,
+        "dtype_code": constant.dtype_code,
+        "nbytes": constant.nbytes,
+        "source": constant.source.value,
+    }
+    if constant.slot is not None:
+        record.update(
+            dtype=constant.slot.dtype,
+            shape=list(constant.slot.shape),
+            stride=list(constant.slot.stride),
+            offset=constant.slot.offset,
+        )
+    return record
+
+
+def encode(blob: AotiBlob) -> bytes:
+    """The payload of ``blob``, checked as :func:`decode` checks it (except the library's hash: the caller
+    computed it with :func:`library_sha256`; the library file is read once, when written)."""
+    config_json = _config_json(blob.config)
+    constants_json = [_constant_json(c) for c in blob.constants]
+    # what is written is what a reader accepts: the same checks, on the same JSON
+    _parse_config(config_json, None)
+    _check_constants(tuple(_parse_constant(r, i) for i, r in enumerate(constants_json)), blob.config)
+    writer = BlobWriter(required_features=blob.required_features(), producer=PRODUCER)
+    writer.add_section(CONFIG_SECTION, json.dumps(config_json).encode())
+    writer.add_section(CONSTANTS_SECTION, json.dumps(constants_json).encode())
+    if isinstance(blob.library, Path):
+        writer.add_file_section(LIBRARY_SECTION, blob.library, alignment=LIBRARY_ALIGNMENT)
+    else:
+        writer.add_section(LIBRARY_SECTION, blob.library, alignment=LIBRARY_ALIGNMENT)
+    return writer.to_bytes()
+
+
+# ----------------------------------------------------------------------------------------------- decode
+
+
+def decode(payload: memoryview | bytes, *, state_bindings: int | None = None) -> AotiBlob:
+    """The blob in ``payload``, checked completely; ``library`` is a zero-copy view of it.
+
+    ``state_bindings``: how many state bindings the delegate has (``len(context.states)``); ``state_inputs``
+    must name every one, in order. Without it, ``state_inputs`` must be ``0..n-1`` for its own length.
+    Raises :class:`etsdk.UnsupportedFeatureError` for a required feature this reader does not know and
+    :class:`etsdk.BlobFormatError` naming the field, what was expected and what was found, for anything else.
+    """
+    reader = BlobReader(payload, known_features=KNOWN_FEATURES)
+    config = _parse_config(_json(reader, CONFIG_SECTION), state_bindings)
+    if config.state_inputs and STATE_INPUTS_FEATURE not in reader.required_features:
+        raise BlobFormatError(
+            f"etsdk-aoti blob: config.state_inputs names {len(config.state_inputs)} state binding(s), but the blob "
+            f"does not require {STATE_INPUTS_FEATURE} (it requires {', '.join(reader.required_features)})"
+        )
+    raw = _json(reader, CONSTANTS_SECTION)
+    if not isinstance(raw, list):
+        raise BlobFormatError(f"etsdk-aoti blob: section '{CONSTANTS_SECTION}' must be a list, found {type(raw).__name__}")
+    constants = tuple(_parse_constant(record, i) for i, record in enumerate(raw))
+    _check_constants(constants, config)
+    library = reader.section(LIBRARY_SECTION)
+    digest = library_sha256(library)
+    if digest != config.library_sha256:
+        raise BlobFormatError(
+            f"etsdk-aoti: the compiled library's SHA-256 is {digest[:16]}..., the blob records "
+            f"{config.library_sha256[:16]}...; refusing to load a damaged library"
+        )
+    return AotiBlob(config, constants, library)
+
+
+def _json(reader: BlobReader, name: str) -> Any:
+    try:
+        return json.loads(bytes(reader.section(name)).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise BlobFormatError(f"etsdk-aoti blob section '{name}' is not valid JSON: {exc}") from None
+
+
+class _Fields:
+    """Strict readers of one JSON object, naming the field that is wrong, what it must be and what it is."""
+
+    def __init__(self, obj: Any, where: str) -> None:
+        if not isinstance(obj, dict):
+            raise BlobFormatError(f"etsdk-aoti blob: {where} must be an object, found {type(obj).__name__}")
+        self.obj, self.where = obj, where
+
+    def get(self, key: str) -> Any:
+        if key not in self.obj:
+            raise BlobFormatError(f"etsdk-aoti blob: {self.where} has no '{key}'")
+        return self.obj[key]
+
+    def fail(self, key: str, expected: str) -> BlobFormatError:
+        return BlobFormatError(f"etsdk-aoti blob: {self.where}.{key} must be {expected}, found {self.obj.get(key)!r}")
+
+    def text(self, key: str, *, empty: bool = False) -> str:
+        value = self.get(key)
+        if not isinstance(value, str) or (not value and not empty):
+            raise self.fail(key, "a string" if empty else "a non-empty string")
+        return value
+
+    def integer(self, key: str) -> int:
+        value = self.get(key)
+        if not _is_int(value):
+            raise self.fail(key, "an integer")
+        return int(value)
+
+    def size(self, key: str) -> int:
+        value = self.get(key)
+        if not _is_int(value) or value < 0:
+            raise self.fail(key, "a non-negative integer")
+        return int(value)
+
+    def flag(self, key: str) -> bool:
+        value = self.get(key)
+        if not isinstance(value, bool):
+            raise self.fail(key, "true or false")
+        return value
+
+    def sizes(self, key: str) -> tuple[int, ...]:
+        value = self.get(key)
+        if not isinstance(value, list) or not all(_is_int(d) and d >= 0 for d in value):
+            raise self.fail(key, "a list of non-negative integers")
+        return tuple(value)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _parse_config(raw: Any, state_bindings: int | None) -> Config:
+    f = _Fields(raw, CONFIG_SECTION)
+    device = f.text("device")
+    if not _DEVICE.fullmatch(device):
+        raise f.fail("device", "'cpu', 'cuda' or 'cuda:N'")
+    sha = f.text("library_sha256")
+    if not _SHA256.fullmatch(sha):
+        raise f.fail("library_sha256", "64 lowercase hex digits")
+    key = f.get("weights_key")
+    weights_bytes = f.size("weights_bytes")
+    if key is None:
+        if weights_bytes:
+            raise BlobFormatError(
+                f"etsdk-aoti blob: config.weights_bytes is {weights_bytes} but config.weights_key is null (no weights entry)"
+            )
+        weights = None
+    elif isinstance(key, str) and key:
+        weights = WeightsEntry(key, weights_bytes)
+    else:
+        raise f.fail("weights_key", "a named-data key or null")
+    indices = f.get("state_inputs")
+    count = state_bindings if state_bindings is not None else len(indices) if isinstance(indices, list) else 0
+    expected = list(range(count))
+    # the serializer passes every state binding, in binding order: anything else (a permutation of same-shaped
+    # caches would swap them silently) is a damaged or foreign blob
+    if not isinstance(indices, list) or indices != expected or not all(_is_int(i) for i in indices):
+        raise BlobFormatError(
+            f"etsdk-aoti blob: config.state_inputs must be {expected} (every state binding in order), found {indices!r}"
+        )
+    return Config(
+        device=device,
+        num_inputs=f.size("num_inputs"),
+        num_outputs=f.size("num_outputs"),
+        weights=weights,
+        library_sha256=sha,
+        state_inputs=tuple(indices),
+    )
+
+
+_KINDS = {kind.value: kind for kind in ConstantKind}
+_SOURCES = {source.value: source for source in Source}
+
+
+def _parse_constant(raw: Any, index: int) -> Constant:
+    f = _Fields(raw, f"constants[{index}]")
+    name = f.text("name")
+    f.where = f"constants[{index}] ('{name}')"
+    kind_name = f.get("kind")
+    kind = _KINDS.get(kind_name) if isinstance(kind_name, str) else None
+    if kind is None:
+        raise f.fail("kind", f"one of {', '.join(_KINDS)}")
+    source_name = f.get("source")
+    if source_name == LEGACY_STATE_SOURCE:
+        raise BlobFormatError(
+            f"constant '{name}' is bound to a state: a blob written before state became a library input "
+            f"({STATE_INPUTS_FEATURE}); re-export the program"
+        )
+    source = _SOURCES.get(source_name) if isinstance(source_name, str) else None
+    if source is None:
+        raise BlobFormatError(
+            f"constant '{name}' has unknown source {source_name!r} (expected one of {', '.join(_SOURCES)})"
+        )
+    slot = None
+    if source is Source.WEIGHTS:
+        shape, stride = f.sizes("shape"), f.sizes("stride")
+        if len(shape) != len(stride):
+            raise BlobFormatError(
+                f"etsdk-aoti blob: {f.where}: shape {list(shape)} and stride {list(stride)} differ in length"
+            )
+        slot = WeightsSlot(offset=f.size("offset"), dtype=f.text("dtype"), shape=shape, stride=stride)
+    return Constant(
+        name=name,
+        fqn=f.text("fqn", empty=True),
+        kind=kind,
+        folded=f.flag("folded"),
+        dtype_code=f.integer("dtype_code"),
+        nbytes=f.size("nbytes"),
+        source=source,
+        slot=slot,
+    )
+
+
+def _check_constants(constants: tuple[Constant, ...], config: Config) -> None:
+    names = [c.name for c in constants]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise BlobFormatError(f"etsdk-aoti blob: constant name(s) {', '.join(duplicates)} are described twice")
+    for constant in constants:
+        if (constant.slot is None) != (constant.source is not Source.WEIGHTS):
+            raise BlobFormatError(
+                f"etsdk-aoti blob: constant '{constant.name}' has source {constant.source.value!r} and "
+                f"{'a' if constant.slot is not None else 'no'} weights slot; a slot goes with source 'weights' only"
+            )
+        if constant.slot is None:
+            continue
+        if config.weights is None:
+            raise BlobFormatError(f"constant '{constant.name}' lives in the weights, but the blob names no weights entry")
+        end = constant.slot.offset + constant.nbytes
+        if end > config.weights.nbytes:
+            raise BlobFormatError(
+                f"etsdk-aoti blob: constant '{constant.name}' occupies bytes [{constant.slot.offset}, {end}) of the "
+                f"weights, which config.weights_bytes says are {config.weights.nbytes} bytes"
+            )
