@@ -194,7 +194,6 @@ class Session:
         twin._where = self._where
         twin._tensors = {name: tensor.detach().clone() for name, tensor in self._tensors.items()}
         twin._view = StateView(twin._tensors)
-        twin._runtime = {}
         return twin
 
     def save(self, path: str | Path, metadata: Mapping[str, Any] | None = None) -> Path:
