@@ -9,9 +9,14 @@ decode step, interleaved over several rounds (medians reported):
 * ``etsdk``: ``program.run("decode", ids, position, session=session)``: the
   ExecuTorch runtime, the bridge, the etsdk-aoti binding (state already bound),
   the container's ``Run``, the logits copied into the runtime's output;
-* ``direct``: the same compiled ``.so`` loaded with ``etsdk_aoti.library.Library``,
-  the same weights (the eager model's tensors) and its own caches bound
-  user-managed, and ``Run`` called with the same inputs.
+* ``direct``: the same compiled ``.so`` loaded by etsdk-aoti's binding straight
+  from the decode delegate's payload (captured at export with
+  ``etsdk.testing.capture_delegates``) with the same weights, and its ``Run``
+  called with the same inputs plus caches of its own (state is a library input),
+  under the same per-call OpenMP team policy as the binding (its own
+  ``etsdk_aoti.threads.TeamSize``): under load the binding runs the kernels on one
+  thread, and a direct call on the caller's whole team would compare thread
+  counts, not etsdk's cost.
 
 Where the time goes: etsdk's own work per step (runtime, bridge, binding,
 output copies) is measured separately with ``Run`` replaced by a stub that
@@ -19,7 +24,12 @@ returns a finished result.
 
 Last line: JSON with ``etsdk_us_per_step``, ``direct_us_per_step`` and
 ``overhead_pct`` (the median over rounds of etsdk / direct, the two
-interleaved step by step in alternating order), plus ``etsdk_structural_us_per_step``.
+interleaved step by step in alternating order), plus ``etsdk_structural_us_per_step``
+and ``parameters``.
+
+``--smoke``: a 1-layer decoder (hidden 64, vocab 256, capacity 16), 4 steps, one
+round: the same export (both methods through AOTInductor: two compiles, most of
+its time), checks and JSON keys; the figures are too noisy to compare.
 """
 
 from __future__ import annotations
@@ -34,46 +44,28 @@ from typing import Any
 
 import etsdk
 import torch
-from etsdk.blob import BLOB_MAGIC, BlobReader
-from etsdk.signature import unwrap_blob
-from etsdk.testing import NamedDataStub
-from etsdk_aoti import BACKEND_ID, BLOB_FEATURE
+from etsdk.backend import BlobReader, InitContext
+from etsdk.testing import CapturedDelegate, NamedDataStub, capture_delegates
+from etsdk_aoti import BACKEND_ID, BLOB_FEATURE, STATE_INPUTS_FEATURE
 from etsdk_aoti.library import Library
+from etsdk_aoti.runtime import AotiBinding
 from etsdk_aoti.testing import llama_methods, tiny_llama
+from etsdk_aoti.threads import TeamSize
 
 
-def _decode_payload(pte: Path, uid: str) -> memoryview:
-    """The etsdk-aoti payload of the delegate whose signature has ``uid``."""
-    data = pte.read_bytes()
-    payloads = []
-    start = data.find(BLOB_MAGIC)
-    while start >= 0:
-        total = int.from_bytes(data[start + 16 : start + 24], "little")
-        try:
-            signature, payload = unwrap_blob(memoryview(data[start : start + total]), "bench")
-            payloads.append((signature, payload))
-        except etsdk.EtsdkError:
-            pass
-        start = data.find(BLOB_MAGIC, start + 1)
-    return next(p for s, p in payloads if s.uid == uid)
-
-
-def _direct(pte: Path, payload: memoryview, signature: Any) -> Library:
-    """The decode library with exactly the weights etsdk binds, and caches of its own."""
-    from etsdk.bridge import InitContext
-    from etsdk.bridge.build import load_extension
-    from etsdk_aoti.runtime import AotiBinding
-
-    config = json.loads(bytes(BlobReader(payload, known_features={BLOB_FEATURE}).section("config")))
-    _, weights = load_extension().inspect_program(str(pte), config["weights_key"])
-    context = InitContext(BACKEND_ID, "decode", payload, {}, NamedDataStub({config["weights_key"]: memoryview(weights)}), signature)
-    handle = AotiBinding().init(context)  # type: ignore[arg-type]
+def _direct(delegate: CapturedDelegate) -> tuple[Library, list[torch.Tensor]]:
+    """The decode library with exactly the weights etsdk binds, and caches of its own (library inputs, in order)."""
+    reader = BlobReader(delegate.payload, known_features={BLOB_FEATURE, STATE_INPUTS_FEATURE})
+    key = json.loads(bytes(reader.section("config")))["weights_key"]
+    named = NamedDataStub({key: memoryview(delegate.named_data[key])})
+    payload = memoryview(delegate.payload)
+    context = InitContext(BACKEND_ID, delegate.method, payload, {}, named, delegate.signature)  # type: ignore[arg-type]
+    handle = AotiBinding().init(context)
     library = handle._library
-    library.bind_user_managed(
-        [(name, torch.zeros(shape, dtype=getattr(torch, dtype))) for name, _, shape, dtype in handle._states]
-    )
-    library._keep = (weights, handle)  # type: ignore[attr-defined]
-    return library
+    states = [torch.zeros(binding.shape, dtype=getattr(torch, binding.dtype)) for binding in delegate.signature.states]
+    caches = [states[index] for index, _, _ in handle._state_inputs]
+    library._keep = (delegate, handle)  # type: ignore[attr-defined]
+    return library, caches
 
 
 def main() -> None:
@@ -89,7 +81,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--et-threads", type=int, default=None, help="resize ExecuTorch's own threadpool first")
     parser.add_argument("--threads", type=int, default=2, help="intra-op threads (AOTInductor's OpenMP kernels)")
+    parser.add_argument("--smoke", action="store_true", help="1 layer, hidden 64, 4 steps, one round")
     args = parser.parse_args()
+    if args.smoke:
+        args.hidden, args.layers, args.vocab, args.capacity, args.steps, args.rounds = 64, 1, 256, 16, 4, 1
     torch.set_num_threads(args.threads)
     if args.et_threads is not None:
         from executorch.extension.pybindings import portable_lib
@@ -103,13 +98,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         pte = Path(tmp) / "llama.pte"
         started = time.perf_counter()
-        etsdk.lower(methods, contract=contract).save(pte)
+        with capture_delegates() as captured:
+            etsdk.lower(methods, contract=contract).save(pte)
         export_s = time.perf_counter() - started
         program = etsdk.load(pte)
         session = program.new_session()
         decode = program.load_method("decode")
-        (delegate,) = program.record.methods["decode"]
-        library = _direct(pte, _decode_payload(pte, delegate.signature.uid), delegate.signature)
+        assert decode.info.backends == (BACKEND_ID,)
+        (delegate,) = (d for d in captured if d.method == "decode")
+        library, caches = _direct(delegate)
         ids = torch.tensor([[11]])
         positions = [torch.tensor([i % args.capacity]) for i in range(args.steps)]
         # the library takes the delegate's arguments in the delegate's order, which
@@ -118,11 +115,12 @@ def main() -> None:
 
         def direct_inputs(position: torch.Tensor) -> list[torch.Tensor]:
             by_name = {"input_ids": ids, "cache_position": position}
-            return [by_name[name] for name in order]
+            return [*(by_name[name] for name in order), *caches]
 
         # same compiled code, same weights: the same logits on a fresh cache
         etsdk_logits = decode.execute((ids, positions[0]), session=session)[0]
-        direct_logits = library.run(direct_inputs(positions[0]))[0]
+        team = TeamSize()  # the binding's per-call team policy, for the direct calls
+        direct_logits = team.run(lambda: library.run(direct_inputs(positions[0])))[0]
         torch.testing.assert_close(etsdk_logits, direct_logits)
 
         def run_etsdk() -> None:
@@ -133,7 +131,7 @@ def main() -> None:
 
         def run_direct() -> None:
             for a in direct_args:
-                library.run(a)
+                team.run(lambda a=a: library.run(a))
 
         samples: dict[str, list[float]] = {"etsdk": [], "direct": []}
         original_run = Library.run
@@ -154,7 +152,7 @@ def main() -> None:
                         totals["etsdk"] += time.perf_counter() - t
                     else:
                         t = time.perf_counter()
-                        library.run(direct_args_step)
+                        team.run(lambda a=direct_args_step: library.run(a))
                         totals["direct"] += time.perf_counter() - t
             for name in ("etsdk", "direct"):
                 samples[name].append(totals[name] / args.steps * 1e6)

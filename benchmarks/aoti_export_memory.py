@@ -14,6 +14,10 @@ The model (a stack of square linear layers, random fp32 weights) is built before
 the baseline is read, so ``peak - baseline`` is what export itself costs. The last
 line is JSON: ``weights_bytes``, ``etsdk_peak_rss_bytes``, ``etsdk_baseline_rss_bytes``,
 ``stock_peak_rss_bytes``, ``stock_baseline_rss_bytes``, plus the ratios.
+
+``--smoke``: 2 layers of 256 x 256 (512 KiB of weights), both paths, the same
+processes and JSON keys: it checks that both exports still run, not their memory
+(at this size the ratios measure allocator noise).
 """
 
 from __future__ import annotations
@@ -124,7 +128,10 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=16, help="16 x 4096^2 fp32 = 1 GiB")
     parser.add_argument("--child", choices=["etsdk", "stock"])
     parser.add_argument("--out")
+    parser.add_argument("--smoke", action="store_true", help="2 layers of 256 x 256: checks both exports run")
     args = parser.parse_args()
+    if args.smoke:
+        args.width, args.layers = 256, 2
     if args.child:
         _child(args.child, args.width, args.layers, args.out)
         return

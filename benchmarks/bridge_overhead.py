@@ -16,8 +16,16 @@ difference divided by 32 is the bridge's own added cost per delegate call
 (native forwarding, argument wrapping, the Python call), minus a 16-float
 portable add (tens of nanoseconds).
 
+The two bench backends are a plugin registered in-process, written against the
+public plugin API (``etsdk.backend``): an ``OperatorPartitioner``, a preprocess
+that records only the partition's argument counts (the binding needs nothing
+else), and the bindings above.
+
 Programs are timed interleaved over several rounds and medians reported, since
 these machines are shared and noisy. The last line is JSON.
+
+``--smoke``: 200 calls per sample, one round (the same programs, checks and
+JSON keys; the figures are too noisy to compare).
 """
 
 from __future__ import annotations
@@ -33,9 +41,19 @@ from typing import Any
 
 import etsdk
 import torch
-from etsdk.backends.reference import BACKEND_ID
+from etsdk.backend import (
+    BackendSpec,
+    BlobReader,
+    BlobWriter,
+    Capability,
+    InitContext,
+    OperatorPartitioner,
+    Option,
+    Partition,
+)
 
 CHAIN = 32
+BLOB_FEATURE = "etsdk-bench.bridge.v1"
 
 
 class Add(torch.nn.Module):
@@ -51,48 +69,65 @@ class Chain(torch.nn.Module):
 
 
 class _AddHandle:
-    def execute(self, args: tuple[Any, ...]) -> None:
+    def execute(self, args: tuple[Any, ...], state: tuple[Any, ...]) -> None:
         x, y, out = args
         torch.add(x, y, out=out)
 
 
 class _NoopHandle:
-    def execute(self, args: tuple[Any, ...]) -> None:
+    def execute(self, args: tuple[Any, ...], state: tuple[Any, ...]) -> None:
         pass
 
 
+def _check_blob(context: InitContext, inputs: int, outputs: int) -> None:
+    """The payload is the bench container and the delegate has the argument counts the handle assumes."""
+    counts = json.loads(bytes(BlobReader(context.blob, known_features={BLOB_FEATURE}).section("counts")))
+    if counts != {"inputs": inputs, "outputs": outputs}:
+        raise etsdk.BlobFormatError(
+            f"{context.backend_id}: expected {inputs} inputs and {outputs} outputs, found {counts}"
+        )
+
+
 class AddBinding:
-    def init(self, context: Any) -> _AddHandle:
+    def init(self, context: InitContext) -> _AddHandle:
+        _check_blob(context, 2, 1)
         return _AddHandle()
 
 
 class NoopBinding:
-    def init(self, context: Any) -> _NoopHandle:
+    def init(self, context: InitContext) -> _NoopHandle:
+        _check_blob(context, 2, 1)
         return _NoopHandle()
 
 
+def _preprocess(partition: Partition) -> BlobWriter:
+    counts = {"inputs": len(partition.signature.inputs), "outputs": len(partition.signature.outputs)}
+    writer = BlobWriter(required_features=[BLOB_FEATURE], producer="etsdk-bench")
+    writer.add_section("counts", json.dumps(counts).encode())
+    return writer
+
+
 def _plugin(bindings: dict[str, Any]) -> types.ModuleType:
-    """Backends that reuse the reference partitioner and serializer with their own binding."""
+    """Plugin API v2 backends: claim the given aten ops (default: every op), run them with their own binding."""
     module = types.ModuleType("bench_bridge_plugin")
-    module.ETSDK_PLUGIN_API = ">=1,<2"  # type: ignore[attr-defined]
+    module.ETSDK_PLUGIN_API = ">=2,<3"  # type: ignore[attr-defined]
 
-    def preprocess(program: Any, specs: Any) -> Any:
-        from etsdk.backends.reference.serializer import preprocess as reference_preprocess
+    def spec(backend_id: str, binding: Any) -> BackendSpec:
+        def partitioner(ops: list[str] | None = None) -> OperatorPartitioner:
+            return OperatorPartitioner(backend_id, ops=ops)
 
-        return reference_preprocess(program, specs)
-
-    def spec(backend_id: str, binding: Any) -> etsdk.BackendSpec:
-        def partitioner(**options: Any) -> Any:
-            from etsdk.backends.reference.partitioner import ReferencePartitioner
-
-            return ReferencePartitioner(backend_id=backend_id, **options)
-
-        return etsdk.BackendSpec(
-            id=backend_id, version="0", partitioner=partitioner, preprocess=preprocess, runtime=binding
+        return BackendSpec(
+            id=backend_id,
+            version="0",
+            partitioner=partitioner,
+            preprocess=_preprocess,
+            runtime=binding,
+            capabilities=frozenset({Capability.CPU}),
+            options=(Option("ops", (list, tuple), None, "aten operator names to claim (default: every one)"),),
         )
 
     @etsdk.hookimpl
-    def etsdk_register_backends() -> list[etsdk.BackendSpec]:
+    def etsdk_register_backends() -> list[BackendSpec]:
         return [spec(backend_id, binding) for backend_id, binding in bindings.items()]
 
     module.etsdk_register_backends = etsdk_register_backends  # type: ignore[attr-defined]
@@ -127,20 +162,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--calls", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--smoke", action="store_true", help="200 calls, one round: checks the script, not the figures")
     args = parser.parse_args()
+    warmup = 300
+    if args.smoke:
+        args.calls, args.rounds, warmup = 200, 1, 20
     torch.set_num_threads(1)
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
     etsdk.register_plugin(
         _plugin({"EtsdkBenchAddBackend": AddBinding, "EtsdkBenchNoopBackend": NoopBinding}), "bench-bridge"
     )
+    reference = etsdk.resolve_backend_id("reference")
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
         paths = {
             "bridge": _export(directory, "bridge", Add(), backend="EtsdkBenchAddBackend"),
             "peer": _export(directory, "xnnpack", Add(), partitioner=XnnpackPartitioner()),
             "portable": _export(directory, "portable", Add()),
-            "reference": _export(directory, "reference", Add(), backend=BACKEND_ID),
+            "reference": _export(directory, "reference", Add(), backend=reference),
             "chain_bridge_noop": _export(
                 directory, "chain_noop", Chain(), backend="EtsdkBenchNoopBackend", ops=["aten::add"]
             ),
@@ -150,6 +190,8 @@ def main() -> None:
         assert methods["bridge"].info.backends == ("EtsdkBenchAddBackend",)
         assert methods["peer"].info.backends == ("XnnpackBackend",)
         assert methods["portable"].info.backends == ()
+        assert methods["reference"].info.backends == (reference,)
+        assert methods["chain_portable"].info.backends == ()
         assert methods["chain_bridge_noop"].info.backends == ("EtsdkBenchNoopBackend",) * CHAIN
         inputs = (torch.randn(16), torch.randn(16))
         expected = inputs[0] + inputs[1]
@@ -157,7 +199,7 @@ def main() -> None:
             torch.testing.assert_close(methods[name].execute(inputs)[0], expected)
         samples: dict[str, list[float]] = {name: [] for name in methods}
         for method in methods.values():
-            _time_per_call(method, inputs, 300)  # warm-up
+            _time_per_call(method, inputs, warmup)  # warm-up
         for _ in range(args.rounds):
             for name, method in methods.items():
                 samples[name].append(_time_per_call(method, inputs, args.calls))

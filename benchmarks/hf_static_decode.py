@@ -39,7 +39,13 @@ runs inside other parallel regions).
 
 Last line: JSON with ``etsdk_tokens_per_s``, ``eager_tokens_per_s``, ``xnnpack_tokens_per_s``,
 ``etsdk_prefill_ms``, ``eager_prefill_ms``, ``xnnpack_prefill_ms``, ``limit_steps_per_s``, the fractions, the
-contended figures with ``--contended``, the breakdown and the parameter count.
+contended figures with ``--contended``, the breakdown and the parameter count. A path that was not run
+(``--no-xnnpack``) keeps its keys, with ``null`` values.
+
+``--smoke``: a 1-layer model (hidden 64, vocab 256), T=4, S=16, 4 decode steps, one round, without the XNNPACK
+peer (its strict two-method export alone takes over a minute on 2 cores even at this size; its keys are
+``null``, as with ``--no-xnnpack``): the same etsdk export, paths, runs and JSON keys; the figures are too noisy
+to compare.
 """
 
 from __future__ import annotations
@@ -64,6 +70,7 @@ from etsdk_hf_static.runner import HfStaticRunner, Step
 from etsdk_hf_static.tiny import tiny_model
 
 SHAPES = ("default", "smollm2-135m")
+PATHS = ("etsdk", "eager", "xnnpack")  # every path's keys are in the JSON, null for one not run
 
 
 def smollm2_135m_shape(seed: int = 0) -> Any:
@@ -220,7 +227,13 @@ def main() -> None:
     parser.add_argument("--workdir", default=None, help="keep the exported programs here and reuse them for the same "
                         "--model/--shape/sizes (a 135M-parameter AOTI export takes minutes; delete the directory "
                         "after changing the code)")
+    parser.add_argument("--smoke", action="store_true", help="1 layer, hidden 64, vocab 256, T=4, S=16, 4 steps, "
+                        "one round, no XNNPACK peer: checks the script, not the figures")
     args = parser.parse_args()
+    if args.smoke:
+        args.hidden, args.layers, args.vocab = 64, 1, 256
+        args.prefill, args.context, args.new, args.rounds = 4, 16, 4, 1
+        args.no_xnnpack = True  # a slow optional peer: its keys stay, null
     T, S = args.prefill, args.context
     if T + args.new > S:
         parser.error("prefill + new must fit the context")
@@ -355,8 +368,12 @@ def main() -> None:
     limit_steps = statistics.median(d for _, d, _ in quiet["limit"])
     out["limit_steps_per_s"] = limit_steps
     out["limit_bytes_per_s"] = limit_steps * limit.nbytes
-    for name in peers:
-        if name == "limit":
+    for name in PATHS:
+        if name not in peers:  # not run: the same keys, null
+            for key in ("tokens_per_s", "prefill_ms", "fraction_of_limit", "minor_faults_per_step"):
+                out[f"{name}_{key}"] = None
+            if args.contended:
+                out[f"{name}_contended_tokens_per_s"] = out[f"{name}_contended_over_quiet"] = None
             continue
         out[f"{name}_tokens_per_s"] = statistics.median(d for _, d, _ in quiet[name])
         out[f"{name}_prefill_ms"] = statistics.median(p for p, _, _ in quiet[name])
@@ -373,8 +390,8 @@ def main() -> None:
     out["etsdk_runner_us_per_step"] = statistics.median(w for w, _ in splits)
     out["etsdk_program_run_us_per_step"] = statistics.median(r for _, r in splits)
     out["etsdk_vs_eager_decode"] = out["etsdk_tokens_per_s"] / out["eager_tokens_per_s"]
-    if "xnnpack_tokens_per_s" in out:
-        out["etsdk_vs_xnnpack_decode"] = out["etsdk_tokens_per_s"] / out["xnnpack_tokens_per_s"]
+    xnnpack = out["xnnpack_tokens_per_s"]
+    out["etsdk_vs_xnnpack_decode"] = out["etsdk_tokens_per_s"] / xnnpack if xnnpack is not None else None
     print(json.dumps(out))
 
 

@@ -15,7 +15,11 @@ in one process:
 
 Programs are timed interleaved over several rounds; medians are reported. The
 last line is JSON with ``capacities``, ``etsdk_us_per_step`` and
-``peer_us_per_step``; ``etsdk_flat_ratio`` is largest / smallest of the etsdk line.
+``peer_us_per_step``; ``etsdk_flat_ratio`` is largest / smallest of the etsdk line,
+``peer_growth_ratio`` the peer's largest-capacity / smallest-capacity time.
+
+``--smoke``: capacities 256 and 512, 20 steps, one round (the same exports,
+checks and JSON keys; the figures are too noisy to compare).
 """
 
 from __future__ import annotations
@@ -30,8 +34,6 @@ from typing import Any
 
 import etsdk
 import torch
-from etsdk.backends.reference import BACKEND_ID
-from etsdk.lowering import MethodSource
 
 WIDTH = 256
 
@@ -72,19 +74,17 @@ def _contract_spec() -> dict[str, Any]:
     }
 
 
-def _register_contract(directory: Path) -> Any:
-    from etsdk.contract import Contract
-
+def _register_contract(directory: Path) -> etsdk.Contract:
     path = directory / "bench_ring.json"
     path.write_text(json.dumps(_contract_spec()))
     etsdk.register_contracts([etsdk.ContractSpec(name="bench_ring", version=1, path=path)], "bench-ring")
-    return Contract.from_bytes(path.read_bytes())
+    return etsdk.Contract.from_bytes(path.read_bytes())
 
 
-def _export_etsdk(path: Path, capacity: int, spec: Any) -> None:
+def _export_etsdk(path: Path, capacity: int, spec: etsdk.Contract) -> None:
     model = Ring(capacity)
     example = (torch.randn(1, WIDTH), torch.tensor([0]))
-    source = MethodSource(model, example, (BACKEND_ID,), state={"cache": "cache"})
+    source = etsdk.MethodSource(model, example, (etsdk.resolve_backend_id("reference"),), state={"cache": "cache"})
     etsdk.lower({"decode": source}, contract=spec.bind(S=capacity)).save(path)
 
 
@@ -110,7 +110,11 @@ def main() -> None:
     parser.add_argument("--capacities", default="256,1024,4096,8192")
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--rounds", type=int, default=25)
+    parser.add_argument("--smoke", action="store_true", help="capacities 256,512, 20 steps, one round")
     args = parser.parse_args()
+    warmup = 50
+    if args.smoke:
+        args.capacities, args.steps, args.rounds, warmup = "256,512", 20, 1, 5
     torch.set_num_threads(1)
     capacities = [int(c) for c in args.capacities.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
@@ -133,7 +137,7 @@ def main() -> None:
             torch.testing.assert_close(session.state["cache"][3], (x * 2.0)[0])
         samples: dict[tuple[str, int], list[float]] = {key: [] for key in runners}
         for key, run in runners.items():
-            _time(run, 50, key[1])  # warm-up
+            _time(run, warmup, key[1])  # warm-up
         for _ in range(args.rounds):
             for key, run in runners.items():
                 samples[key].append(_time(run, args.steps, key[1]))

@@ -1,0 +1,108 @@
+"""Every benchmark runs: ``benchmarks/NAME.py --smoke`` exits 0 and ends with its documented JSON keys.
+
+Smoke runs use the smallest sizes and one round through the same code as a full run, so a benchmark that
+an API change broke fails here instead of rotting until someone measures. Nothing here looks at the figures
+(a smoke run's timings are noise). A new benchmark needs an entry in :data:`EXPECTED_KEYS`.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCHMARKS = ROOT / "benchmarks"
+
+#: script -> the keys its last stdout line must contain (benchmarks/README.md documents them)
+EXPECTED_KEYS: dict[str, set[str]] = {
+    "bridge_overhead": {
+        "us_per_call_bridge",
+        "us_per_call_peer",
+        "us_per_call_portable",
+        "us_per_call_reference_backend",
+        "us_added_bridge_vs_peer",
+        "us_added_per_delegate_call",
+        "ratio_bridge_to_peer",
+    },
+    "state_copies": {"capacities", "etsdk_us_per_step", "peer_us_per_step", "etsdk_flat_ratio", "peer_growth_ratio"},
+    "aoti_export_memory": {
+        "weights_bytes",
+        "etsdk_peak_rss_bytes",
+        "etsdk_baseline_rss_bytes",
+        "stock_peak_rss_bytes",
+        "stock_baseline_rss_bytes",
+        "etsdk_export_over_weights",
+        "stock_export_over_weights",
+    },
+    "aoti_decode": {
+        "etsdk_us_per_step",
+        "direct_us_per_step",
+        "overhead_pct",
+        "etsdk_structural_us_per_step",
+        "parameters",
+    },
+    "hf_static_decode": {
+        "parameters",
+        "weight_bytes",
+        "prefill_length",
+        "context_length",
+        "new_tokens",
+        "threads",
+        "omp_wait_policy",
+        "loadavg_1min_per_round",
+        "limit_steps_per_s",
+        "limit_bytes_per_s",
+        *(
+            f"{path}_{key}"
+            for path in ("etsdk", "eager", "xnnpack")
+            for key in ("tokens_per_s", "prefill_ms", "fraction_of_limit", "minor_faults_per_step")
+        ),
+        "traffic_counters",
+        "etsdk_runner_us_per_step",
+        "etsdk_program_run_us_per_step",
+        "etsdk_vs_eager_decode",
+        "etsdk_vs_xnnpack_decode",
+    },
+    "hf_static_export_memory": {
+        "weights_bytes",
+        "baseline_rss_bytes",
+        "peak_rss_bytes",
+        "peak_over_baseline_per_weight",
+        "stages",
+    },
+}
+
+#: scripts that take a working directory for what they write (the others write only to temporary directories)
+WORKDIR_FLAG = {"hf_static_decode": "--workdir"}
+
+SCRIPTS = sorted({p.stem for p in BENCHMARKS.glob("*.py")} | set(EXPECTED_KEYS))
+
+#: a hang guard, not a timing check (a smoke run takes ~10-120 s; much longer on a loaded machine)
+TIMEOUT_S = 1800
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_benchmark_smoke(name: str, tmp_path: Path) -> None:
+    script = BENCHMARKS / f"{name}.py"
+    assert script.is_file(), f"tests expect benchmarks/{name}.py: remove its entry from EXPECTED_KEYS"
+    assert name in EXPECTED_KEYS, f"benchmarks/{name}.py has no entry in EXPECTED_KEYS: add its documented JSON keys"
+    command = [sys.executable, str(script), "--smoke"]
+    if name in WORKDIR_FLAG:
+        command += [WORKDIR_FLAG[name], str(tmp_path / "work")]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
+    report = f"stdout (end):\n{result.stdout[-3000:]}\nstderr (end):\n{result.stderr[-6000:]}"
+    assert result.returncode == 0, report
+    lines = result.stdout.strip().splitlines()
+    assert lines, report
+    try:
+        last = json.loads(lines[-1])
+    except json.JSONDecodeError:
+        pytest.fail(f"the last stdout line is not JSON\n{report}")
+    assert isinstance(last, dict), report
+    missing = EXPECTED_KEYS[name] - set(last)
+    assert not missing, f"missing keys {sorted(missing)}\n{report}"
