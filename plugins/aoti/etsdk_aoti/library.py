@@ -6,7 +6,7 @@ checked and turned into :class:`AotiError` with the library's last error text.
 The C API exposes no shapes; shapes are recorded at compile time by the
 serializer and checked by the runtime before anything is bound.
 
-Lifetimes (each found by a leak measurement, see tests/test_leaks.py):
+Lifetimes (each found by a leak measurement, see tests/hostile/test_leaks.py):
 
 * A user-managed binding does not take the handle it is given: the container
   makes its own handle to the tensor (``aoti_torch_new_tensor_handle``) and

@@ -48,7 +48,7 @@ INDUCTOR_OPTIONS = {
     "aot_inductor.package_constants_on_disk_format": "pickle_weights",
     "max_autotune": False,
     # State reaches the compiled graph as inputs (never constants), so folding constant subgraphs can no
-    # longer bake a state's example value in (tests/test_state.py::test_state_is_read_at_run_time_never_folded_...).
+    # longer bake a state's example value in (tests/integration/test_state.py::test_state_is_read_at_run_time_never_folded_...).
     "joint_graph_constant_folding": True,
 }
 

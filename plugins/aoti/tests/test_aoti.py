@@ -2,7 +2,7 @@
 
 Compiles are shared per module (one MLP, with weights embedded and in a .ptd).
 Stateful behaviour (the toy decoder over prefill and decode steps, sessions,
-reset, in-place state) runs in tests/test_state.py for this backend too.
+reset, in-place state) runs in tests/integration/test_state.py for this backend too.
 """
 
 from __future__ import annotations
