@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from etsdk import _moved
-from etsdk._apps.generation import ExportRequest, GenerationError, GenerationResult, Sampling
+from etsdk._apps.generation import ExportRequest, GenerationError, GenerationResult, Sampling, TextRunner
 from etsdk._format.blob import BlobReader, BlobWriter
 from etsdk._format.dtypes import dtype_name
 from etsdk._plugins.discovery import PluginStatus
@@ -25,7 +25,7 @@ from etsdk._plugins.registry import (
     reset_registry,
     resolve_backend_id,
 )
-from etsdk._plugins.specs import Availability, BackendSpec, Capability, ContractSpec, Option, RunnerSpec
+from etsdk._plugins.specs import Availability, BackendSpec, Capability, CommandSpec, ContractSpec, Option, RunnerSpec
 from etsdk._state.contract import Contract, ContractError
 from etsdk._version import __version__
 from etsdk.errors import (
@@ -105,6 +105,7 @@ __all__ = [
     "BridgeBuildError",
     "BridgeRegistryError",
     "Capability",
+    "CommandSpec",
     "Contract",
     "ContractError",
     "ContractSpec",
@@ -148,6 +149,7 @@ __all__ = [
     "GenerationError",
     "GenerationResult",
     "Sampling",
+    "TextRunner",
     "hookimpl",
     "list_plugins",
     "load",

@@ -7,6 +7,11 @@ and every public name has one home (``etsdk``, ``etsdk.backend``,
 gets the module at its new place, once, with a warning naming the public import
 to use instead. Only the names in :data:`MOVED` are served; nothing else in the
 import system is touched.
+
+A few modules left the core for a plugin (``etsdk.chat``, the terminal chat, is
+``etsdk_hf_static.chat`` now). They are named here as strings: the core never
+imports a plugin statically, and without the plugin installed the old path
+fails with an ImportError saying which distribution to install.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import types
 import warnings
 from collections.abc import Sequence
 
-__all__ = ["MOVED", "install"]
+__all__ = ["MOVED", "PLUGIN_DISTRIBUTIONS", "install"]
 
 #: old module -> (new module, where its public names are imported from now)
 MOVED: dict[str, tuple[str, str]] = {
@@ -48,7 +53,7 @@ MOVED: dict[str, tuple[str, str]] = {
     "etsdk.bridge.build": ("etsdk._runtime.bridge.build", "etsdk.backend"),
     "etsdk.quiet": ("etsdk.cli.quiet", "etsdk"),
     "etsdk.generation": ("etsdk._apps.generation", "etsdk"),
-    "etsdk.chat": ("etsdk._apps.chat", "etsdk"),
+    "etsdk.chat": ("etsdk_hf_static.chat", "etsdk_hf_static.chat"),
     "etsdk.demo": ("etsdk.cli.demo", "etsdk.cli"),
     "etsdk.backends": ("etsdk._moved", "etsdk.reference_backend"),
     "etsdk.backends.reference": ("etsdk.reference_backend", "etsdk.reference_backend"),
@@ -57,6 +62,12 @@ MOVED: dict[str, tuple[str, str]] = {
     "etsdk.backends.reference.plugin": ("etsdk.reference_backend.plugin", "etsdk.reference_backend"),
     "etsdk.backends.reference.runtime": ("etsdk.reference_backend.runtime", "etsdk.reference_backend"),
     "etsdk.backends.reference.serializer": ("etsdk.reference_backend.serializer", "etsdk.reference_backend"),
+}
+
+
+#: top-level package of a plugin that now holds a moved module -> the distribution that installs it
+PLUGIN_DISTRIBUTIONS: dict[str, str] = {
+    "etsdk_hf_static": "etsdk-hf-static",
 }
 
 
@@ -75,7 +86,18 @@ class _Alias(importlib.abc.Loader):
             module = types.ModuleType(self.old)
             module.__path__ = []
             return module
-        module = importlib.import_module(self.new)
+        try:
+            module = importlib.import_module(self.new)
+        except ModuleNotFoundError as exc:
+            package = self.new.partition(".")[0]
+            distribution = PLUGIN_DISTRIBUTIONS.get(package)
+            if distribution is None or exc.name not in (package, self.new):
+                raise
+            raise ImportError(
+                f"{self.old} moved to {self.new}, in the {distribution} plugin, which is not installed here "
+                f"(or predates the move): pip install {distribution}",
+                name=self.old,
+            ) from None
         self._spec = module.__spec__  # the import system stamps the alias's spec on it; put the real one back
         return module
 

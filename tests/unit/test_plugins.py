@@ -35,18 +35,23 @@ def test_installed_plugins_are_listed_with_status(site: PluginSite) -> None:
     assert listed["reference"]["backends"] == ["EtsdkReferenceBackend"]
     assert listed["aoti"]["distribution"] == "etsdk-aoti"
     assert listed["hf_static"]["runners"] == ["hf_static"]  # the runner for the core's hf_static contract
+    assert listed["hf_static"]["commands"] == ["export", "generate", "chat"]  # the LLM application's commands
     assert "hf_static" in listed["core"]["contracts"]
     trt = listed["tensorrt"]
     assert trt["status"] == "unavailable"
     assert "TensorRT runtime libraries not found" in trt["reason"]
     for entry in listed.values():
-        assert set(entry) == {"name", "distribution", "version", "backends", "contracts", "runners", "status", "reason", "refused"}
+        assert set(entry) == {
+            "name", "distribution", "version", "backends", "contracts", "runners", "commands", "status", "reason", "refused"
+        }
 
 
 def test_table_output_and_version(site: PluginSite) -> None:
     table = site.run_etsdk(["plugins"])
     assert table.returncode == 0
-    assert table.stdout.splitlines()[0].split()[:4] == ["NAME", "DISTRIBUTION", "VERSION", "STATUS"]
+    assert table.stdout.splitlines()[0].split() == [
+        "NAME", "DISTRIBUTION", "VERSION", "STATUS", "BACKENDS", "CONTRACTS", "RUNNERS", "COMMANDS"
+    ]
     assert "tensorrt: unavailable: EtsdkTensorRTBackend: TensorRT runtime libraries not found" in table.stdout
     version = site.run_etsdk(["--version"])
     assert version.returncode == 0

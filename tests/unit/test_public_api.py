@@ -33,7 +33,7 @@ def test_errors_share_one_root() -> None:
             assert issubclass(obj, etsdk.EtsdkError), name
 
 
-PUBLIC_MODULES = ("etsdk", "etsdk.backend", "etsdk.chat", "etsdk.testing", "etsdk.conformance", "etsdk.conformance.suite")
+PUBLIC_MODULES = ("etsdk", "etsdk.backend", "etsdk.testing", "etsdk.conformance", "etsdk.conformance.suite")
 
 
 def _plugin_imports() -> list[tuple[str, str, str]]:

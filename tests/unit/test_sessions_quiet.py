@@ -37,7 +37,7 @@ def test_quiet_command_line_silences_warnings_and_logs_below_error() -> None:
 def test_importing_etsdk_configures_nothing() -> None:
     code = (
         "import os; before = dict(os.environ)\n"
-        "import logging, warnings, etsdk, etsdk._state.session, etsdk._state.snapshot, etsdk._apps.chat, etsdk.cli.quiet\n"
+        "import logging, warnings, etsdk, etsdk._state.session, etsdk._state.snapshot, etsdk._apps.generation, etsdk.cli.quiet\n"
         "assert logging.root.manager.disable == 0, 'logging disabled on import'\n"
         "assert not any(f[0] == 'ignore' and f[2] is Warning for f in warnings.filters), 'warnings silenced on import'\n"
         "assert dict(os.environ) == before, 'environment changed on import'\n"

@@ -22,11 +22,11 @@ into the program are serialised by the program's lock.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from etsdk import Contract, ContractError, GenerationError, GenerationResult, MethodInfo, Program, dtype_name
+from etsdk import Contract, ContractError, GenerationError, GenerationResult, MethodInfo, Program, Sampling, dtype_name
 
 from etsdk_hf_static.conversation import Conversation
 from etsdk_hf_static.metadata import HfStaticMetadata, read_metadata
@@ -90,7 +90,11 @@ def check_program(record: Contract | None, infos: Mapping[str, MethodInfo]) -> H
 
 
 class HfStaticRunner:
-    """Drives a loaded hf_static program: checks it once, then serves any number of conversations."""
+    """Drives a loaded hf_static program: checks it once, then serves any number of conversations.
+
+    An :class:`etsdk.TextRunner` (``encode``, ``decode_text``, ``generate``: what ``etsdk generate`` drives),
+    and more: conversations, and the tokenizer's chat template (``chat_prompt_ids``, for ``etsdk chat``).
+    """
 
     def __init__(self, program: Program, *, tokenizer: Any = None) -> None:
         self.program = program
@@ -135,9 +139,19 @@ class HfStaticRunner:
                 self._default = Conversation(self)
             return self._default
 
-    def generate(self, prompt_ids: Any, **options: Any) -> GenerationResult:
+    def generate(
+        self,
+        prompt_ids: Iterable[int],
+        *,
+        max_new_tokens: int = 32,
+        sampling: Sampling | None = None,
+        on_token: Callable[[int], None] | None = None,
+        stop_at_eos: bool = True,
+    ) -> GenerationResult:
         """:meth:`Conversation.generate` on this runner's default conversation."""
-        return self.default.generate(prompt_ids, **options)
+        return self.default.generate(
+            prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling, on_token=on_token, stop_at_eos=stop_at_eos
+        )
 
     def reset(self) -> None:
         self.default.reset()
@@ -181,3 +195,10 @@ class HfStaticRunner:
             raise GenerationError(f"the chat template failed: {type(exc).__name__}: {exc}") from None
         ids = encoded["input_ids"] if isinstance(encoded, Mapping) else encoded
         return list(check_tokens(list(ids), self.metadata.vocab_size, what="chat template"))
+
+
+if TYPE_CHECKING:
+    from etsdk import TextRunner
+
+    def _is_a_text_runner(runner: HfStaticRunner) -> TextRunner:
+        return runner  # mypy checks that HfStaticRunner satisfies etsdk.TextRunner (etsdk generate drives it)

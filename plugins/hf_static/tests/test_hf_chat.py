@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from conftest import MARGIN, hf_generate
 from etsdk import GenerationError, StateError
-from etsdk._apps.chat import ChatSession, run_chat
+from etsdk_hf_static.chat import ChatSession, run_chat
 from etsdk_hf_static.exporter import tokenizer_dir
 from etsdk_hf_static.runner import HfStaticRunner
 

@@ -1,2 +1,3 @@
-"""Layer 5, applications over contracts: the typed requests and results a contract's runner serves to the
-command line (``etsdk export / generate / chat``)."""
+"""Layer 5, applications over contracts: the typed requests, results and runner protocol
+(:class:`~etsdk._apps.generation.TextRunner`) that a contract's runner serves to the applications over it. The
+applications themselves are plugin commands (etsdk-hf-static's ``etsdk export / generate / chat``)."""

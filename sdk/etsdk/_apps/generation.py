@@ -1,24 +1,26 @@
-"""Typed requests and results shared by the CLI and the contract runners that generate text.
+"""Typed requests, results and the runner protocol shared by the applications and the contract runners.
 
 A plugin that owns a generative contract (``etsdk-hf-static`` for ``hf_static``)
-registers a :class:`etsdk.RunnerSpec` whose ``factory(program)`` returns an
-object with ``encode(text)``, ``decode_text(ids)`` and
+registers a :class:`etsdk.RunnerSpec` whose ``factory(program)`` returns a
+:class:`TextRunner` (``encode(text)``, ``decode_text(ids)`` and
 ``generate(prompt_ids, max_new_tokens=..., sampling=..., on_token=...)``
-returning a :class:`GenerationResult`, and whose ``exporter(request)`` takes an
-:class:`ExportRequest`. ``etsdk export`` / ``etsdk generate`` speak only these
-types, so the core never imports a plugin.
+returning a :class:`GenerationResult`), and whose ``exporter(request)`` takes an
+:class:`ExportRequest`. The applications over such contracts (the plugin's
+``etsdk export`` / ``etsdk generate`` / ``etsdk chat`` commands) speak these
+types, and the core never imports a plugin.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 from etsdk.errors import GenerationError
 
-__all__ = ["MIN_TEMPERATURE", "ExportRequest", "GenerationError", "GenerationResult", "Sampling"]
+__all__ = ["MIN_TEMPERATURE", "ExportRequest", "GenerationError", "GenerationResult", "Sampling", "TextRunner"]
 
 
 #: the smallest non-zero sampling temperature (logits / temperature must stay finite in float32)
@@ -101,3 +103,32 @@ class ExportRequest:
     external_data: bool = False
     quiet: bool = False
     partitioner_options: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
+
+
+@runtime_checkable
+class TextRunner(Protocol):
+    """What a runner that generates text offers: ``etsdk generate`` drives any runner that satisfies it.
+
+    A :class:`etsdk.RunnerSpec` of a generative contract returns one from ``factory(program)``
+    (etsdk-hf-static's ``HfStaticRunner`` does; mypy checks it). ``isinstance(runner, TextRunner)``
+    checks only that the three methods exist; their signatures are checked by a type checker.
+    """
+
+    def encode(self, text: str) -> list[int]:
+        """``text`` as token ids, ready to be a prompt (a BOS id first where the model wants one)."""
+        ...
+
+    def decode_text(self, ids: Sequence[int]) -> str:
+        """The text of ``ids`` (for streaming, called with every id generated so far)."""
+        ...
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        max_new_tokens: int = ...,
+        sampling: Sampling | None = ...,
+        on_token: Callable[[int], None] | None = ...,
+    ) -> GenerationResult:
+        """Continue with ``prompt_ids`` and generate up to ``max_new_tokens``, calling ``on_token`` with each id."""
+        ...

@@ -31,7 +31,7 @@ import pluggy
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from etsdk._plugins import hookspec
-from etsdk._plugins.specs import Availability, BackendSpec, ContractSpec, RunnerSpec
+from etsdk._plugins.specs import Availability, BackendSpec, CommandSpec, ContractSpec, RunnerSpec
 from etsdk.errors import PluginValidationError
 
 __all__ = ["ENTRY_POINT_GROUP", "LoadedPlugin", "PluginStatus", "discover_plugins"]
@@ -44,6 +44,7 @@ _REGISTRATION_HOOKS = {
     "etsdk_register_backends": BackendSpec,
     "etsdk_register_contracts": ContractSpec,
     "etsdk_register_runners": RunnerSpec,
+    "etsdk_register_commands": CommandSpec,
 }
 
 
@@ -67,6 +68,7 @@ class LoadedPlugin:
     backends: tuple[BackendSpec, ...] = ()
     contracts: tuple[ContractSpec, ...] = ()
     runners: tuple[RunnerSpec, ...] = ()
+    commands: tuple[CommandSpec, ...] = ()
     availability: dict[str, Availability] = field(default_factory=dict)
     error: BaseException | None = None
 
@@ -103,7 +105,7 @@ MIGRATION_GUIDE = "docs/migrating.md"
 
 def _api_mismatch(module: ModuleType) -> str | None:
     """Return why ``module``'s declared plugin-API range excludes this etsdk, or None."""
-    from etsdk import __version__
+    from etsdk._version import __version__
 
     provided = hookspec.PLUGIN_API_VERSION
     declared = getattr(module, _API_ATTRIBUTE, None)
@@ -207,6 +209,7 @@ def _registrations(pm: pluggy.PluginManager, plugin: LoadedPlugin) -> None:
     plugin.backends = collected["etsdk_register_backends"]
     plugin.contracts = collected["etsdk_register_contracts"]
     plugin.runners = collected["etsdk_register_runners"]
+    plugin.commands = collected["etsdk_register_commands"]
 
 
 def _probe(plugin: LoadedPlugin) -> None:
@@ -304,6 +307,7 @@ def discover_plugins(pm: pluggy.PluginManager) -> list[LoadedPlugin]:
         except Exception as exc:  # noqa: BLE001 - isolate registration failures
             pm.unregister(module)
             plugin.backends = plugin.contracts = plugin.runners = ()
+            plugin.commands = ()
             reason = str(exc) if isinstance(exc, PluginValidationError) else (
                 f"registration raised {_first_lines(exc)}"
             )

@@ -23,7 +23,7 @@ from typing import Any
 
 import pluggy
 
-from etsdk._plugins.specs import BackendSpec, ContractSpec, RunnerSpec
+from etsdk._plugins.specs import BackendSpec, CommandSpec, ContractSpec, RunnerSpec
 
 PROJECT = "etsdk"
 
@@ -74,6 +74,23 @@ def etsdk_register_runners() -> Sequence[RunnerSpec]:
     embeds its contract (for example the hf_static LLM runner). Keyed by
     (contract, version); a runner for a contract record of the same plugin that
     was refused is refused with it.
+    """
+    raise NotImplementedError
+
+
+@hookspec
+def etsdk_register_commands() -> Sequence[CommandSpec]:
+    """Return the ``etsdk`` commands this plugin adds (:class:`etsdk.CommandSpec` records).
+
+    Called once per process, at discovery. The command line adds one subparser
+    per command (``configure(parser)``) and calls ``run(args)`` for it; it reads
+    these records only when it builds its parser with plugin commands, so
+    ``etsdk --version`` and the core's own commands never wait for them. Keyed by
+    command name: a record naming one of the core's commands (``plugins``,
+    ``doctor``, ``demo``, ``new-backend``, ``inspect``, ``conformance``,
+    ``verify``) is refused, two plugins naming one command both have that record
+    refused, and ``etsdk plugins`` lists the refusal. etsdk-hf-static provides
+    ``export``, ``generate`` and ``chat`` this way.
     """
     raise NotImplementedError
 

@@ -1,13 +1,14 @@
-"""The process-wide registry: backend ids, contracts and runners, by plugin.
+"""The process-wide registry: backend ids, contracts, runners and commands, by plugin.
 
 Built once, lazily, under a lock, from :func:`etsdk._plugins.discovery.discover_plugins`
 plus any plugin registered in-process with :func:`register_plugin`. Keys are
 explicit: backend id, contract (name, version), runner (contract name,
-version). Conflicts are settled per *record*, never per plugin, so no plugin can
+version), command (name). Conflicts are settled per *record*, never per plugin, so no plugin can
 break another:
 
 * the core's own registrations (distribution ``etsdk``) cannot be taken over: a
-  plugin claiming one of its keys has that record refused, nothing else;
+  plugin claiming one of its keys has that record refused, nothing else; the
+  command line's own commands (:data:`CORE_COMMANDS`) are the core's too;
 * two plugins claiming one key both have that record refused (no arbitrary
   winner), and looking the key up raises :class:`PluginConflictError` naming both;
 * a refused record contributes nothing: a refused backend gets no edge passes
@@ -37,7 +38,7 @@ from etsdk._plugins.discovery import (
     strict_mode,
     validate_plugin_module,
 )
-from etsdk._plugins.specs import Availability, BackendSpec, ContractSpec, RunnerSpec
+from etsdk._plugins.specs import Availability, BackendSpec, CommandSpec, ContractSpec, RunnerSpec
 from etsdk.errors import (
     BackendNotFoundError,
     BackendUnavailableError,
@@ -48,8 +49,10 @@ from etsdk.errors import (
 )
 
 __all__ = [
+    "CORE_COMMANDS",
     "PluginInfo",
     "get_backend",
+    "get_commands",
     "get_contract",
     "backend_availability",
     "get_runner",
@@ -74,6 +77,7 @@ class PluginInfo:
     reason: str | None
     runners: tuple[str, ...] = ()  # contract names this plugin provides a runner for
     refused: tuple[str, ...] = ()  # records refused because another plugin (or the core) claims them
+    commands: tuple[str, ...] = ()  # `etsdk` commands this plugin registers (refused ones included, as listed)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -83,6 +87,7 @@ class PluginInfo:
             "backends": list(self.backends),
             "contracts": list(self.contracts),
             "runners": list(self.runners),
+            "commands": list(self.commands),
             "status": self.status.value,
             "reason": self.reason,
             "refused": list(self.refused),
@@ -90,6 +95,9 @@ class PluginInfo:
 
 
 CORE_DISTRIBUTION = "etsdk"
+
+#: The command line's own commands (:mod:`etsdk.cli.main`): no plugin may register a command of these names.
+CORE_COMMANDS = frozenset({"plugins", "doctor", "demo", "new-backend", "inspect", "conformance", "verify"})
 
 
 class _Registry:
@@ -99,6 +107,7 @@ class _Registry:
         self.backends: dict[str, tuple[LoadedPlugin, BackendSpec]] = {}
         self.contracts: dict[tuple[str, int], tuple[LoadedPlugin, ContractSpec]] = {}
         self.runners: dict[tuple[str, int], tuple[LoadedPlugin, RunnerSpec]] = {}
+        self.commands: dict[str, tuple[LoadedPlugin, CommandSpec]] = {}
         self.conflicts: dict[str, str] = {}  # key description -> message (the key is refused for everyone)
         self.refused: dict[str, list[str]] = {}  # plugin name -> refusal messages
         self.lost_backends: dict[str, set[str]] = {}  # plugin name -> backend ids it may not contribute to
@@ -151,14 +160,21 @@ class _Registry:
                     self._refuse(plugin, f"{what} refused: the plugin's own contract record was refused")
                     continue
                 self._claim(self.runners, (r.contract, version), what, plugin, r)
+        for command in plugin.commands:
+            what = f"command '{command.name}'"
+            if command.name in CORE_COMMANDS and plugin.distribution != CORE_DISTRIBUTION:
+                self._refuse(plugin, f"{what} belongs to the etsdk core (etsdk {command.name}); {plugin.label}'s record is refused")
+                continue
+            self._claim(self.commands, command.name, what, plugin, command)
 
     def settle(self) -> None:
         """A plugin that registered records and kept none has failed; one that kept some stays usable."""
-        owners = {id(owner) for owner, _ in [*self.backends.values(), *self.contracts.values(), *self.runners.values()]}
+        held = [*self.backends.values(), *self.contracts.values(), *self.runners.values(), *self.commands.values()]
+        owners = {id(owner) for owner, _ in held}
         for plugin in self.plugins:
             if plugin.status not in (PluginStatus.OK, PluginStatus.UNAVAILABLE):
                 continue
-            claimed = plugin.backends or plugin.contracts or plugin.runners
+            claimed = plugin.backends or plugin.contracts or plugin.runners or plugin.commands
             if claimed and id(plugin) not in owners:
                 plugin.status = PluginStatus.FAILED
                 plugin.reason = "; ".join(self.refused.get(plugin.name, [])) or "every record was refused"
@@ -267,6 +283,9 @@ def _clashes(reg: _Registry, plugin: LoadedPlugin) -> list[str]:
             out.append(f"contract '{c.name}' v{c.version} is already provided")
     for r in plugin.runners:
         out += [f"a runner for contract '{r.contract}' v{v} is already provided" for v in r.versions if (r.contract, v) in reg.runners]
+    for command in plugin.commands:
+        if command.name in CORE_COMMANDS or command.name in reg.commands or f"command '{command.name}'" in reg.conflicts:
+            out.append(f"command '{command.name}' is already provided")
     return out
 
 
@@ -303,10 +322,19 @@ def list_plugins() -> list[PluginInfo]:
             status=p.status,
             reason=p.reason,
             runners=tuple(sorted({r.contract for r in p.runners})),
+            commands=tuple(c.name for c in p.commands),
             refused=tuple(reg.refused.get(p.name, ())),
         )
         for p in reg.plugins
     ]
+
+
+def get_commands() -> list[tuple[CommandSpec, str]]:
+    """Every plugin command the registry kept, with the label of the plugin providing it, in registration order.
+
+    The command line calls this only when it builds its parser with plugin commands.
+    """
+    return [(spec, plugin.label) for plugin, spec in _get().commands.values()]
 
 
 def _not_found(what: str, key: str, known: Sequence[str]) -> str:

@@ -8,7 +8,9 @@ listing plugins never imports them.
 
 from __future__ import annotations
 
+import argparse
 import enum
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +20,7 @@ __all__ = [
     "Availability",
     "BackendSpec",
     "Capability",
+    "CommandSpec",
     "ContractSpec",
     "Option",
     "RunnerSpec",
@@ -33,7 +36,6 @@ class Capability(str, enum.Enum):
     CALLER_OWNED_STATE = "caller_owned_state"
     #: The backend reads weights from named data (.pte or an external .ptd).
     NAMED_DATA = "named_data"
-    DYNAMIC_SHAPES = "dynamic_shapes"
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,10 +154,12 @@ class ContractSpec:
 class RunnerSpec:
     """A runner / IO manager for one contract: ``factory(program, **options)``.
 
-    ``versions``: the contract versions the runner drives. ``exporter(request)``
-    (optional) builds programs that follow the contract from a source model, for
-    ``etsdk export``; it takes an :class:`etsdk._apps.generation.ExportRequest` and
-    returns the paths written.
+    ``versions``: the contract versions the runner drives. ``factory(program)``
+    returns the runner; for a contract whose programs generate text it returns an
+    :class:`etsdk.TextRunner` (``encode``, ``decode_text``, ``generate``), which
+    is what ``etsdk generate`` drives. ``exporter(request)`` (optional) builds
+    programs that follow the contract from a source model, for ``etsdk export``;
+    it takes an :class:`etsdk.ExportRequest` and returns the paths written.
     """
 
     contract: str
@@ -163,3 +167,36 @@ class RunnerSpec:
     versions: tuple[int, ...] = field(default=(1,))
     exporter: Callable[..., Any] | None = None
     description: str = ""
+
+
+_COMMAND_NAME = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
+
+
+@dataclass(frozen=True, slots=True)
+class CommandSpec:
+    """One ``etsdk NAME`` command a plugin adds to the command line.
+
+    ``name``: lowercase words joined by ``-`` (``export``, ``new-thing``);
+    ``help``: the line ``etsdk --help`` shows for it. ``configure(parser)`` adds
+    the command's arguments to its ``argparse`` subparser; it runs whenever the
+    command line is built with plugin commands (``etsdk --help`` too), so it must
+    be cheap and import nothing heavy. ``run(args)`` runs the command with the
+    parsed arguments and returns the exit status; an :class:`etsdk.EtsdkError` or
+    ``OSError`` it raises becomes one ``etsdk: error: ...`` line and status 2.
+    ``quiet``: the command line calls :func:`etsdk.quiet_command_line` before
+    ``run`` (other libraries' warnings and logs silenced in this process; the
+    command's own ``--verbose`` flag, when it defines one, shows them again).
+    """
+
+    name: str
+    help: str
+    configure: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+    quiet: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _COMMAND_NAME.fullmatch(self.name):
+            raise ValueError(f"command name must be lowercase words joined by '-' (e.g. 'export'), got {self.name!r}")
+        for name in ("configure", "run"):
+            if not callable(getattr(self, name)):
+                raise TypeError(f"CommandSpec({self.name!r}).{name} must be callable")

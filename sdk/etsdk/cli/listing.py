@@ -15,7 +15,7 @@ def print_plugins(as_json: bool = False) -> int:
     if as_json:
         print(json.dumps([p.to_json() for p in plugins], indent=2))
         return 0
-    rows = [("NAME", "DISTRIBUTION", "VERSION", "STATUS", "BACKENDS", "CONTRACTS", "RUNNERS")]
+    rows = [("NAME", "DISTRIBUTION", "VERSION", "STATUS", "BACKENDS", "CONTRACTS", "RUNNERS", "COMMANDS")]
     for p in plugins:
         rows.append(
             (
@@ -26,6 +26,7 @@ def print_plugins(as_json: bool = False) -> int:
                 ",".join(p.backends) or "-",
                 ",".join(p.contracts) or "-",
                 ",".join(p.runners) or "-",
+                ",".join(p.commands) or "-",
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]

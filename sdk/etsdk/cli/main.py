@@ -1,18 +1,21 @@
 """The ``etsdk`` command line.
 
+The core's commands are contract-generic:
+
 ``etsdk plugins [--json]``   what is installed, and whether it can run here
 ``etsdk doctor``             versions, and build the native bridge ahead of time
 ``etsdk demo``               export a small model through a backend and run it
-``etsdk export``             export a model into a contract's programs (the plugin owning the contract does it)
-``etsdk generate``           generate tokens with a program, through the runner registered for its contract
-``etsdk chat``               chat with a program in the terminal (the tokenizer's chat template; /rewind, /save, ...)
 ``etsdk new-backend NAME``   write a complete, pip-installable backend plugin that works at once
 ``etsdk conformance ID``     run the conformance kit against an installed backend
 ``etsdk verify``             check a program and its data file completely (structure, content hashes, methods)
 ``etsdk inspect PTE``        what a program holds: delegates per method, claimed operators, state, named data
 ``etsdk --version``
 
-Errors on bad input are one line on stderr (``etsdk: error: ...``) and exit status 2.
+Plugins add commands through the ``etsdk_register_commands`` hook (:class:`etsdk.CommandSpec`);
+etsdk-hf-static adds ``etsdk export``, ``etsdk generate`` and ``etsdk chat``. The registry is read only
+when the parser is built for something other than a core command or ``--version``.
+
+Errors on bad input are one line on stderr (``etsdk: error: ...``) and exit status 2, for plugin commands too.
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from etsdk._plugins.registry import CORE_COMMANDS
 from etsdk._version import __version__
 from etsdk.errors import EtsdkError
 
@@ -52,104 +56,6 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from etsdk.cli.demo import run_demo
 
     return run_demo(out_dir=args.out_dir, backend=args.backend)
-
-
-def _cmd_export(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from etsdk._apps.generation import ExportRequest
-    from etsdk._export.lower import check_output_path
-    from etsdk._plugins.registry import get_runner
-
-    output = check_output_path(args.output, (Path(args.output).stem,) if args.external_data else ())
-    spec = get_runner(args.contract)
-    if spec.exporter is None:
-        raise EtsdkError(f"the runner for contract '{args.contract}' cannot export models")
-    method_backends = {m: b for m, b in (("prefill", args.prefill_backend), ("decode", args.decode_backend)) if b}
-    sizes = {k: v for k, v in (("T", args.prefill_length), ("S", args.context_length)) if v is not None}
-    request = ExportRequest(
-        model=args.model,
-        output=output,
-        backend=args.backend,
-        method_backends=method_backends,
-        sizes=sizes,
-        external_data=args.external_data,
-        quiet=args.quiet,
-        partitioner_options=_backend_options(args.backend_option),
-    )
-    for path in spec.exporter(request):
-        print(path)
-    return 0
-
-
-def _backend_options(raw: list[str]) -> dict[str, dict[str, object]]:
-    """``["aoti.device=cpu", "tensorrt.precision=fp16"]`` -> ``{"aoti": {"device": "cpu"}, ...}`` (JSON values)."""
-    out: dict[str, dict[str, object]] = {}
-    for item in raw:
-        target, sep, value = item.partition("=")
-        backend, dot, key = target.partition(".")
-        if not sep or not dot or not backend or not key:
-            raise EtsdkError(f"--backend-option takes BACKEND.KEY=VALUE (e.g. aoti.device=cpu), found {item!r}")
-        try:
-            out.setdefault(backend, {})[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out.setdefault(backend, {})[key] = value
-    return out
-
-
-def _parse_ids(text: str) -> list[int]:
-    try:
-        return [int(part) for part in text.replace(" ", "").split(",") if part]
-    except ValueError:
-        raise EtsdkError(f"--prompt-ids takes comma-separated integers, found {text!r}") from None
-
-
-def _cmd_generate(args: argparse.Namespace) -> int:
-    from etsdk._apps.chat import open_runner
-    from etsdk._apps.generation import Sampling
-
-    if (args.prompt is None) == (args.prompt_ids is None):
-        raise EtsdkError("give exactly one of --prompt TEXT or --prompt-ids 1,2,3")
-    if args.max_new_tokens < 0:
-        raise EtsdkError(f"--max-new-tokens must be >= 0, found {args.max_new_tokens}")
-    given_ids = _parse_ids(args.prompt_ids) if args.prompt_ids is not None else None
-    sampling = Sampling(temperature=args.temperature, top_p=args.top_p, seed=args.seed)
-    runner = open_runner(args.program, args.data)
-    if args.chat:
-        if args.prompt is None:
-            raise EtsdkError("--chat applies the chat template to --prompt TEXT, not to --prompt-ids")
-        if not hasattr(runner, "chat_prompt_ids"):
-            raise EtsdkError("this program's runner does not support chat (it lacks chat_prompt_ids)")
-        system = [{"role": "system", "content": args.system}] if args.system else []
-        prompt_ids = runner.chat_prompt_ids([*system, {"role": "user", "content": args.prompt}])
-    elif args.system is not None:
-        raise EtsdkError("--system needs --chat")
-    else:
-        prompt_ids = given_ids if given_ids is not None else runner.encode(args.prompt)
-    streamed: list[int] = []
-    shown = ""
-
-    def stream(token: int) -> None:
-        # decode everything so far: a token may only complete a character together with the next one
-        nonlocal shown
-        streamed.append(token)
-        if not args.json:
-            text = runner.decode_text(streamed)
-            print(text[len(shown):] if text.startswith(shown) else f" {token}", end="", flush=True)
-            shown = text
-
-    if not args.json and args.prompt is not None and not args.chat:
-        print(args.prompt, end="", flush=True)
-    result = runner.generate(prompt_ids, max_new_tokens=args.max_new_tokens, sampling=sampling, on_token=stream)
-    if args.json:
-        print(json.dumps(result.to_json()))
-    else:
-        print()
-        print(
-            f"[{len(result.prompt_ids)} prompt tokens, {len(result.token_ids)} generated ({result.stopped}); "
-            f"prefill {result.prefill_ms:.1f} ms; decode {result.decode_tokens_per_s:.1f} tokens/s]"
-        )
-    return 0
 
 
 def _cmd_new_backend(args: argparse.Namespace) -> int:
@@ -212,7 +118,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(*, plugin_commands: bool = True) -> argparse.ArgumentParser:
+    """The parser: the core's commands, and with ``plugin_commands`` every command a plugin registered."""
     parser = argparse.ArgumentParser(prog="etsdk", description="Pluggable ExecuTorch backends.")
     parser.add_argument("--version", action="version", version=f"etsdk {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -228,50 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--verbose", action="store_true", help="also show other libraries' warnings and logs")
     demo.set_defaults(func=_cmd_demo)
 
-    export = sub.add_parser("export", help="export a model into a contract's programs (.pte, .ptd)")
-    export.add_argument("--model", required=True, help="a transformers model directory")
-    export.add_argument("-o", "--output", required=True, help="the .pte to write")
-    export.add_argument("--contract", default="hf_static", help="the contract to export for (default: hf_static)")
-    export.add_argument("--backend", default="aoti", help="backend for every method: an id or a short name (aoti)")
-    export.add_argument("--prefill-backend", default=None, help="backend for the prefill method only")
-    export.add_argument("--decode-backend", default=None, help="backend for the decode method only")
-    export.add_argument("--prefill-length", type=int, default=None, help="tokens per prefill call (T)")
-    export.add_argument("--context-length", type=int, default=None, help="cache rows (S)")
-    export.add_argument("--external-data", action="store_true", help="weights in a .ptd beside the .pte")
-    export.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    export.add_argument(
-        "--backend-option", action="append", default=[], metavar="BACKEND.KEY=VALUE",
-        help="a partitioner option of one backend, e.g. aoti.device=cpu (repeatable; JSON values)",
-    )
-    export.add_argument("--verbose", action="store_true", help="also show other libraries' warnings and logs")
-    export.set_defaults(func=_cmd_export)
-
-    generate = sub.add_parser("generate", help="generate with a program through its contract's runner")
-    generate.add_argument("program", help="the .pte")
-    generate.add_argument("--data", default=None, help="its .ptd (default: <stem>.ptd beside the .pte, if there is one)")
-    generate.add_argument("--prompt", default=None, help="text (needs the tokenizer saved at export)")
-    generate.add_argument("--prompt-ids", default=None, help="comma-separated token ids")
-    generate.add_argument("--max-new-tokens", type=int, default=32)
-    generate.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
-    generate.add_argument("--top-p", type=float, default=1.0)
-    generate.add_argument("--seed", type=int, default=None)
-    generate.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
-    generate.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template to --prompt")
-    generate.add_argument("--system", default=None, help="with --chat: a system message")
-    generate.add_argument("--verbose", action="store_true", help="also show other libraries' warnings and logs")
-    generate.set_defaults(func=_cmd_generate)
-
-    chat = sub.add_parser("chat", help="chat with a program (the tokenizer's chat template; /reset, /rewind N, /save, /load)")
-    chat.add_argument("program", help="the .pte")
-    chat.add_argument("--data", default=None, help="its .ptd (default: <stem>.ptd beside the .pte, if there is one)")
-    chat.add_argument("--system", default=None, help="a system message")
-    chat.add_argument("--max-new-tokens", type=int, default=128, help="per reply")
-    chat.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
-    chat.add_argument("--top-p", type=float, default=1.0)
-    chat.add_argument("--seed", type=int, default=None)
-    chat.add_argument("--json", action="store_true", help="one JSON object per reply, command and error")
-    chat.add_argument("--verbose", action="store_true", help="also show other libraries' warnings and logs")
-    chat.set_defaults(func=_cmd_chat)
+    if plugin_commands:
+        _add_plugin_commands(sub)
 
     scaffold = sub.add_parser("new-backend", help="write a complete backend plugin (etsdk-NAME/) that works at once")
     scaffold.add_argument("name", help="a lowercase Python identifier, e.g. my_npu (backend id MyNpuBackend)")
@@ -302,15 +167,68 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _cmd_chat(args: argparse.Namespace) -> int:
-    from etsdk._apps.chat import cmd_chat
+#: core commands that silence other libraries' noise before they run (plugin commands say so in their CommandSpec)
+_QUIET = frozenset({"demo", "inspect", "verify", "new-backend"})
 
-    return cmd_chat(args)
+#: commands that official plugins provide, for a useful error where the plugin is missing (names only: no import)
+_PLUGIN_COMMANDS = {"export": "etsdk-hf-static", "generate": "etsdk-hf-static", "chat": "etsdk-hf-static"}
+
+
+def _add_plugin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """One subparser per command the registry kept; a command whose ``configure`` raises is kept as an error."""
+    from etsdk._plugins.registry import get_commands
+
+    for spec, provider in get_commands():
+        try:
+            spec.configure(argparse.ArgumentParser(prog=f"etsdk {spec.name}"))  # a dry run: a failure leaves no half-built subparser
+        except Exception as exc:  # noqa: BLE001 - one plugin's broken command must not break the others
+            broken = sub.add_parser(spec.name, help=spec.help, add_help=False)
+            broken.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+            broken.set_defaults(func=_unusable(spec.name, provider, exc), _etsdk_quiet=False)
+            continue
+        command = sub.add_parser(spec.name, help=spec.help)
+        spec.configure(command)
+        command.set_defaults(func=spec.run, _etsdk_quiet=spec.quiet)
+
+
+def _unusable(name: str, provider: str, exc: Exception) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        raise EtsdkError(f"the '{name}' command of {provider} could not set up its arguments: {type(exc).__name__}: {exc}")
+
+    return run
+
+
+def _command_word(argv: Sequence[str]) -> str | None:
+    """The command named on the command line (the first word that is not an option), or None."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
+def _needs_plugin_commands(argv: Sequence[str]) -> bool:
+    """Whether the parser must hold plugin commands: not for a core command, nor for ``--version`` alone."""
+    command = _command_word(argv)
+    if command is None:
+        return "--version" not in argv  # `etsdk --help`, or no command at all: the list shows every command
+    return command not in CORE_COMMANDS
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.command in ("export", "generate", "chat", "demo", "inspect", "verify", "new-backend"):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        parser = build_parser(plugin_commands=_needs_plugin_commands(argv))
+    except EtsdkError as exc:  # ETSDK_STRICT_PLUGINS and a plugin problem
+        print(f"etsdk: error: {exc}", file=sys.stderr)
+        return 2
+    command = _command_word(argv)
+    if command in _PLUGIN_COMMANDS and command not in _plugin_command_names():
+        distribution = _PLUGIN_COMMANDS[command]
+        print(
+            f"etsdk: error: 'etsdk {command}' is a command of the {distribution} plugin, which is not installed here "
+            f"or did not register it: pip install {distribution} (`etsdk plugins` lists plugin problems)",
+            file=sys.stderr,
+        )
+        return 2
+    args = parser.parse_args(argv)
+    if args.command in _QUIET or getattr(args, "_etsdk_quiet", False):
         from etsdk.cli.quiet import quiet_command_line
 
         quiet_command_line(verbose=getattr(args, "verbose", False))  # this process only: the library never does
@@ -323,6 +241,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
         print(f"etsdk: error: {exc.strerror or exc}{where}", file=sys.stderr)
         return 2
+
+
+def _plugin_command_names() -> set[str]:
+    from etsdk._plugins.registry import get_commands
+
+    return {spec.name for spec, _ in get_commands()}
 
 
 if __name__ == "__main__":

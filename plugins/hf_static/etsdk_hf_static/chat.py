@@ -1,4 +1,4 @@
-"""``etsdk chat model.pte``: a chat in the terminal through the runner registered for the program's contract.
+"""``etsdk chat model.pte``: a chat in the terminal through an hf_static program's runner.
 
 Each line is a message (stdin may be a terminal, a pipe or a file), or a command:
 
@@ -22,11 +22,12 @@ Output: the reply streams to stdout, then a line of timings to stderr; with
 An error ends a non-interactive chat (exit status 2); at a terminal it is shown
 and the chat goes on.
 
-What a runner provides for chat (etsdk-hf-static's does): ``new_conversation()``
-returning a conversation with ``generate(ids, max_new_tokens=, sampling=,
-on_token=)``, ``tokens``, ``rewind(n)``, ``reset()``, ``save(path, metadata)``
-and ``load(path) -> metadata``; ``chat_prompt_ids(messages)`` and
-``decode_text(ids)``.
+A chat drives an :class:`~etsdk_hf_static.runner.HfStaticRunner`: its
+``chat_prompt_ids(messages)`` and ``decode_text(ids)``, and one
+:class:`~etsdk_hf_static.conversation.Conversation` (``generate``, ``tokens``,
+``rewind``, ``reset``, ``save``, ``load``). The command itself is registered by
+:mod:`etsdk_hf_static.commands` (moved here from ``etsdk._apps.chat``; the old
+path ``etsdk.chat`` still imports, with a DeprecationWarning).
 """
 
 from __future__ import annotations
@@ -37,15 +38,19 @@ import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from etsdk._apps.generation import GenerationError, GenerationResult, Sampling
-from etsdk.errors import EtsdkError
+from etsdk import EtsdkError, GenerationError, GenerationResult, Sampling, StateError
 
-__all__ = ["ChatSession", "Reply", "cmd_chat", "open_runner", "run_chat"]
+from etsdk_hf_static.commands import open_runner
 
+if TYPE_CHECKING:
+    from etsdk_hf_static.runner import HfStaticRunner
+
+__all__ = ["ChatSession", "Reply", "chat_runner", "cmd_chat", "open_runner", "run_chat"]
+
+#: key of the chat's record (messages, turns) in a saved conversation's metadata (files saved before the move keep it)
 _CHAT_KEY = "etsdk.chat"
-_REQUIRED = ("new_conversation", "chat_prompt_ids", "decode_text")
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,11 +81,13 @@ class ChatSession:
     """A chat over one runner conversation: messages, turns, and the tokens that render them."""
 
     def __init__(
-        self, runner: Any, *, system: str | None = None, max_new_tokens: int = 128, sampling: Sampling | None = None
+        self,
+        runner: HfStaticRunner,
+        *,
+        system: str | None = None,
+        max_new_tokens: int = 128,
+        sampling: Sampling | None = None,
     ) -> None:
-        missing = [name for name in _REQUIRED if not hasattr(runner, name)]
-        if missing:
-            raise EtsdkError(f"this program's runner does not support chat (it lacks {', '.join(missing)})")
         self.runner = runner
         self.system = system
         self.max_new_tokens = max_new_tokens
@@ -130,8 +137,6 @@ class ChatSession:
 
     def load(self, path: str | Path) -> None:
         """Continue the chat saved in ``path``; the file's messages replace this chat's (system prompt included)."""
-        from etsdk._state.session import StateError
-
         conversation = self.runner.new_conversation()
         metadata = conversation.load(path)
         record = metadata.get(_CHAT_KEY, {"messages": [], "turns": []})
@@ -153,22 +158,22 @@ class ChatSession:
         self.turns = [(m, t) for m, t in turns]
 
 
-def open_runner(program_path: str, data: str | None) -> Any:
-    """Load ``program_path`` and the runner registered for its contract."""
-    from etsdk._plugins.registry import get_runner
-    from etsdk._runtime.program import data_beside, load
+def chat_runner(runner: object) -> HfStaticRunner:
+    """``runner`` as the :class:`~etsdk_hf_static.runner.HfStaticRunner` a chat needs (the tokenizer's chat template)."""
+    from etsdk_hf_static.runner import HfStaticRunner
 
-    program = load(program_path, data=data if data is not None else data_beside(program_path))
-    contract = program.contract
-    if contract is None:
-        raise EtsdkError(f"{program_path} embeds no contract; etsdk needs a program exported for one to run it")
-    return get_runner(contract.name, contract.version).factory(program)
+    if not isinstance(runner, HfStaticRunner):
+        raise EtsdkError(
+            f"this program's runner ({type(runner).__module__}.{type(runner).__qualname__}) does not support chat: "
+            "etsdk chat and generate --chat drive etsdk-hf-static's HfStaticRunner (hf_static programs)"
+        )
+    return runner
 
 
 class _Stream:
     """Prints a reply's text as tokens arrive (decoding everything so far: a character may span tokens)."""
 
-    def __init__(self, runner: Any, out: TextIO) -> None:
+    def __init__(self, runner: HfStaticRunner, out: TextIO) -> None:
         self.runner, self.out = runner, out
         self.ids: list[int] = []
         self.shown = ""
@@ -267,11 +272,11 @@ def _terminal_lines(prompt: str) -> Iterator[str]:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    """``etsdk chat`` (the subparser lives in :mod:`etsdk.cli.main`)."""
+    """``etsdk chat`` (its arguments: :func:`etsdk_hf_static.commands.configure_chat`)."""
     sampling = Sampling(temperature=args.temperature, top_p=args.top_p, seed=args.seed)
     if isinstance(args.max_new_tokens, bool) or args.max_new_tokens < 1:
         raise GenerationError(f"--max-new-tokens must be a positive integer, found {args.max_new_tokens}")
-    runner = open_runner(args.program, args.data)
+    runner = chat_runner(open_runner(args.program, args.data))
     chat = ChatSession(runner, system=args.system, max_new_tokens=args.max_new_tokens, sampling=sampling)
     interactive = sys.stdin.isatty()
     lines: Iterable[str] = _terminal_lines("> ") if interactive else sys.stdin
