@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from etsdk import _moved
-from etsdk._apps.generation import ExportRequest, GenerationError, GenerationResult, Sampling, TextRunner
+from etsdk._apps.generation import ExportRequest, GenerationResult, Sampling, TextRunner
 from etsdk._format.blob import BlobReader, BlobWriter
 from etsdk._format.dtypes import dtype_name
 from etsdk._plugins.discovery import PluginStatus
@@ -26,7 +26,7 @@ from etsdk._plugins.registry import (
     resolve_backend_id,
 )
 from etsdk._plugins.specs import Availability, BackendSpec, Capability, CommandSpec, ContractSpec, Option, RunnerSpec
-from etsdk._state.contract import Contract, ContractError
+from etsdk._state.contract import Contract
 from etsdk._version import __version__
 from etsdk.errors import (
     BackendError,
@@ -35,24 +35,28 @@ from etsdk.errors import (
     BlobFormatError,
     BridgeBuildError,
     BridgeRegistryError,
+    ContractError,
     DelegateError,
     EtsdkError,
     ExportError,
+    GenerationError,
     IntegrityError,
     PluginConflictError,
     PluginError,
     PluginLoadError,
     PluginValidationError,
     ProgramError,
+    StateError,
     UnsupportedFeatureError,
 )
 
 if TYPE_CHECKING:
-    from etsdk._export.lower import Lowered, MethodSource, check_output_path, lower
+    from etsdk._export.lower import MethodSource, lower
+    from etsdk._export.output import Lowered, check_output_path
     from etsdk._runtime.bridge import InitContext, NamedData
     from etsdk._runtime.program import Method, MethodInfo, Program, TensorInfo, data_beside, load
     from etsdk._runtime.verification import VerifyReport, verify
-    from etsdk._state.session import Session, StateError, StateView
+    from etsdk._state.session import Session, StateView
     from etsdk._state.snapshot import Snapshot
     from etsdk.cli.quiet import quiet_command_line
 
@@ -62,15 +66,14 @@ _LAZY = {
     "InitContext": "etsdk._runtime.bridge",
     "NamedData": "etsdk._runtime.bridge",
     "Session": "etsdk._state.session",
-    "StateError": "etsdk._state.session",
     "StateView": "etsdk._state.session",
     "Snapshot": "etsdk._state.snapshot",
     "quiet_command_line": "etsdk.cli.quiet",
     "data_beside": "etsdk._runtime.program",
-    "Lowered": "etsdk._export.lower",
+    "Lowered": "etsdk._export.output",
     "MethodSource": "etsdk._export.lower",
     "lower": "etsdk._export.lower",
-    "check_output_path": "etsdk._export.lower",
+    "check_output_path": "etsdk._export.output",
     "verify": "etsdk._runtime.verification",
     "VerifyReport": "etsdk._runtime.verification",
     "Method": "etsdk._runtime.program",

@@ -1,7 +1,8 @@
 """The public API for writing an etsdk backend: everything a plugin receives and returns.
 
 A backend is three factories in an :class:`BackendSpec` (registered by the
-plugin's ``etsdk_register_backends`` hook, see :mod:`etsdk._plugins.hookspec`):
+plugin's ``etsdk_register_backends`` hook, documented in the hook specifications,
+``sdk/etsdk/_plugins/hookspec.py``):
 
 **Partitioner** ``partitioner(**options) -> Partitioner``
     Usually an :class:`OperatorPartitioner` naming the operators the backend
