@@ -5,6 +5,7 @@
     python3 dev.py test          # set up, lint (ruff + mypy), then run the whole test suite (what CI runs)
     python3 dev.py test --fast   # while working: ruff, then the unit and contract layers (under 3 minutes)
     python3 dev.py lint          # set up, then ruff and mypy only
+    python3 dev.py apidoc        # set up, then regenerate the API reference (docs/api.md, docs/backend-api.md)
     python3 dev.py setup         # set up only
 
 Set-up creates ``.venv`` beside this file, installs the pinned torch and
@@ -120,9 +121,14 @@ def test(args: list[str]) -> int:
     return tested or linted
 
 
+def apidoc() -> int:
+    """Regenerate docs/api.md and docs/backend-api.md from the docstrings; non-zero naming any undocumented name."""
+    return subprocess.run([str(_bin("python")), str(ROOT / "tools" / "apidoc.py")], cwd=ROOT).returncode
+
+
 def main(argv: list[str]) -> int:
     command = argv[0] if argv else "demo"
-    if command not in {"setup", "demo", "test", "lint"}:
+    if command not in {"setup", "demo", "test", "lint", "apidoc"}:
         print(__doc__)
         return 2
     setup()
@@ -132,6 +138,8 @@ def main(argv: list[str]) -> int:
         return test(argv[1:])
     if command == "lint":
         return lint()
+    if command == "apidoc":
+        return apidoc()
     return 0
 
 

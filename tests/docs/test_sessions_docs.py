@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.docs._blocks import runnable
+
 ROOT = Path(__file__).resolve().parents[2]
+SESSIONS = ROOT / "docs" / "sessions.md"
 
 
 def test_sessions_guide_examples_run(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "sessions.md").read_text(), flags=re.S)
+    blocks = [b.body for b in runnable(str(SESSIONS.relative_to(ROOT)), "python")]
     assert len(blocks) >= 4, "the sessions guide lost its examples"
     script = "\n".join(blocks)
     result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=1800)

@@ -2,7 +2,8 @@
 
 ``# file:`` blocks are written to disk, ``bash`` blocks run (``pip install`` goes to a target directory put
 on ``PYTHONPATH`` instead of the test environment: a real install with real entry points, nothing left
-behind), other ``python`` blocks run in a subprocess.
+behind), other ``python`` blocks run in a subprocess. Blocks marked ``<!-- not executed: ... -->`` are skipped
+(``tests/docs/_blocks.py``).
 """
 
 from __future__ import annotations
@@ -17,12 +18,16 @@ from pathlib import Path
 import pytest
 from etsdk.testing import PluginSite
 
+from tests.docs._blocks import runnable
+
 ROOT = Path(__file__).resolve().parents[2]
 TUTORIAL = ROOT / "docs" / "backend-tutorial.md"
+#: The languages of the blocks this test executes (every one of the tutorial's that is not marked).
+LANGUAGES = ("toml", "python", "bash")
 
 
 def blocks() -> list[tuple[str, str]]:
-    return re.findall(r"```(\w+)\n(.*?)```", TUTORIAL.read_text(), flags=re.S)
+    return [(b.language, b.body) for b in runnable(str(TUTORIAL.relative_to(ROOT)), *LANGUAGES)]
 
 
 @pytest.mark.slow

@@ -61,6 +61,7 @@ class Sampling:
 
     @property
     def greedy(self) -> bool:
+        """True when ``temperature`` is 0: the highest logit wins, whatever the sampling options say."""
         return self.temperature == 0.0
 
 
@@ -68,13 +69,18 @@ class Sampling:
 class GenerationResult:
     """What one ``generate`` call produced; ``stopped`` is ``"eos"`` or ``"length"``."""
 
+    #: The prompt's ids, as the call was given them.
     prompt_ids: tuple[int, ...]
+    #: The generated ids, the first one chosen from the prefill's logits (an EOS that stopped it included).
     token_ids: tuple[int, ...]
+    #: Milliseconds from the call to the first token chosen (prefill and sampling).
     prefill_ms: float
+    #: Decode steps per second after the first token, the caller's ``on_token`` time excluded; 0 for one token.
     decode_tokens_per_s: float
     stopped: str
 
     def to_json(self) -> dict[str, object]:
+        """What ``etsdk generate --json`` prints (ids as lists)."""
         return {
             "prompt_ids": list(self.prompt_ids),
             "token_ids": list(self.token_ids),
@@ -101,6 +107,7 @@ class ExportRequest:
     method_backends: Mapping[str, str] = field(default_factory=dict)
     sizes: Mapping[str, int] = field(default_factory=dict)
     external_data: bool = False
+    #: True: no progress lines on stderr (``etsdk export --quiet``).
     quiet: bool = False
     partitioner_options: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
 

@@ -41,6 +41,10 @@ __all__ = [
 class MethodSource:
     """One method to export.
 
+    ``module``: the ``torch.nn.Module`` whose ``forward`` becomes the method.
+    ``example_inputs``: positional inputs for ``torch.export``; their shapes and dtypes become the method's
+    (shapes are static). ``partitioner_options``: backend id or short name -> that backend's options, each
+    checked against its declared :class:`etsdk.Option` s.
     ``backends``: ids to lower to, each claiming what it supports, in order.
     ``state``: module buffer FQN -> state identity of the contract, for every
     buffer that holds state (read or written). ``example_kwargs`` are passed by

@@ -35,7 +35,13 @@ _NAMESPACES = frozenset({"aten", "dim_order_ops"})
 
 
 def aten_name(target: Any) -> str | None:
-    """``"aten::add.Tensor"`` for an aten / dim_order_ops (edge) operator overload, else None."""
+    """The operator name ``OperatorPartitioner(ops=...)`` matches, for an aten / dim_order_ops overload, else None.
+
+    ``"aten::add.Tensor"`` for ``aten.add.Tensor`` (ATen or edge dialect alike); a *default* overload is spelled
+    without ``.default``: ``"aten::relu"`` for ``aten.relu.default``, ``"aten::addmm"`` for ``aten.addmm.default``.
+    So in ``ops``, ``"aten::relu"`` claims every overload of ``relu`` (its default one included) and
+    ``"aten::relu.default"`` matches nothing; to claim only a default overload, use ``supports``.
+    """
     op = target if isinstance(target, torch._ops.OpOverload) else getattr(target, "_op", None)
     if isinstance(op, torch._ops.OpOverload) and op.namespace in _NAMESPACES:
         return op.name()
@@ -117,6 +123,8 @@ class OperatorPartitioner(Partitioner):
         self.delegation_spec = DelegationSpec(backend_id, specs)
 
     def is_supported(self, node: torch.fx.Node) -> bool:
+        """Whether this backend would claim ``node`` (a ``call_function``): never a mutating operator, then
+        ``ops`` (matched by :func:`aten_name`), then ``supports``. Override for a rule of your own."""
         op: Any = getattr(node.target, "_op", node.target)
         schema = getattr(op, "_schema", None)
         if schema is not None and schema.is_mutable:
@@ -128,6 +136,11 @@ class OperatorPartitioner(Partitioner):
         return self.supports(node) if self.supports is not None else True
 
     def partition(self, exported_program: torch.export.ExportedProgram) -> PartitionResult:
+        """ExecuTorch's partitioner entry point: tags the claimed convex groups and the constants they read.
+
+        Only operators no earlier backend of the method claimed are candidates; the core wraps this (node
+        identities, state tagging, checks), so a subclass should not need to override it.
+        """
         candidates = set(get_non_lowered_nodes(exported_program.graph))
         groups = self._groups(exported_program, candidates)
         if self.state_claims == "all_or_none":
@@ -170,6 +183,7 @@ class OperatorPartitioner(Partitioner):
             groups = self._groups(ep, candidates - excluded)
 
     def ops_to_not_decompose(self, ep: torch.export.ExportedProgram) -> tuple[list[Any], None]:
+        """The ``keep_whole`` operators present in ``ep``: what ExecuTorch must not decompose for this backend."""
         keep = {n.target for n in ep.graph.nodes if n.op == "call_function" and n.target in self.keep_whole}
         return sorted(keep, key=str), None
 

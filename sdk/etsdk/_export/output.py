@@ -40,10 +40,12 @@ class Lowered:
 
     manager: Any
     record: Any = None  # etsdk._state.signature.ProgramRecord
+    #: False: :meth:`save` reports its progress on stderr, as ``etsdk.lower(quiet=False)`` did.
     quiet: bool = True
 
     @property
     def methods(self) -> tuple[str, ...]:
+        """The program's method names, sorted."""
         return tuple(sorted(self.manager.methods))
 
     def delegates(self, method: str) -> tuple[Any, ...]:

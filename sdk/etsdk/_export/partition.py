@@ -49,8 +49,10 @@ class StateUpdate:
     of the session's storage.
     """
 
+    #: The state written (identity, buffer, dtype, shape).
     binding: StateBinding
-    value: Any  # torch.fx.Node
+    #: The ``torch.fx.Node`` computing the state's new value (a whole new tensor in the functional graph).
+    value: Any
 
 
 class NamedDataWriter:
@@ -84,6 +86,11 @@ class NamedDataWriter:
         return key
 
     def add_bytes(self, data: bytes | bytearray | memoryview, *, alignment: int = 64) -> str:
+        """Store a copy of ``data``; returns its key ``"<backend id>/<sha256>"`` (``NamedData.get`` reads it back).
+
+        Keys are content hashes, so equal bytes are stored once and ``etsdk verify`` can check them. For
+        model-sized data prefer :meth:`add_file` (no copy in memory).
+        """
         payload = bytes(data)
         key = self._key(hashlib.sha256(payload).hexdigest())
         self._store.add_named_data(key, payload, alignment=alignment, external_tag=self.external)
@@ -131,12 +138,15 @@ class Partition:
     the way ``etsdk.lower`` reports its own: on stderr unless the export is quiet.
     """
 
+    #: The backend id being compiled for (a plugin may register several).
     backend_id: str
+    #: The method the partition belongs to.
     method: str
     program: Any
     signature: DelegateSignature
     compile_specs: Mapping[str, bytes]
     named_data: NamedDataWriter
+    #: Where :meth:`progress` lines go (set by the core; a backend calls :meth:`progress`, not this).
     reporter: Callable[[str], None] = field(default=_silent, repr=False)
 
     def progress(self, stage: str) -> None:

@@ -83,6 +83,13 @@ class BlobWriter:
         self._sections: list[tuple[str, int, int, bytes | memoryview | Path]] = []
 
     def add_section(self, name: str, data: bytes | bytearray | memoryview, *, alignment: int = 16) -> None:
+        """Add section ``name`` holding ``data``'s bytes, starting at a multiple of ``alignment`` in the blob.
+
+        ``data`` is referenced, not copied: it must stay unchanged until the blob is written. ``name`` must be
+        non-empty and unique in the blob; ``alignment`` a power of two up to 65536, counted from the blob's start
+        (so a section is aligned in memory as far as the blob itself is). Raises :class:`etsdk.BlobFormatError`
+        naming the section otherwise.
+        """
         view = memoryview(data).cast("B")
         self._add(name, view.nbytes, alignment, view)
 
@@ -142,6 +149,7 @@ class BlobWriter:
         return position
 
     def to_bytes(self) -> bytes:
+        """The whole blob in memory (:meth:`write_to` streams it instead; prefer that for model-sized sections)."""
         import io
 
         buffer = io.BytesIO()
@@ -253,12 +261,18 @@ class BlobReader:
 
     @property
     def sections(self) -> tuple[BlobSection, ...]:
+        """Every section's ``name``, ``offset``, ``length`` and ``alignment``, in the blob's order (all checked)."""
         return tuple(self._sections.values())
 
     def has_section(self, name: str) -> bool:
+        """Whether the blob has section ``name`` (for optional sections)."""
         return name in self._sections
 
     def section(self, name: str) -> memoryview:
+        """Section ``name`` as a zero-copy view of the blob (keep the blob alive while you use it).
+
+        Raises :class:`etsdk.BlobFormatError` naming the sections there are when the blob has no such section.
+        """
         found = self._sections.get(name)
         if found is None:
             raise BlobFormatError(f"blob has no section '{name}' (sections: {', '.join(self._sections) or 'none'})")

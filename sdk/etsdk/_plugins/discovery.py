@@ -49,10 +49,16 @@ _REGISTRATION_HOOKS = {
 
 
 class PluginStatus(str, enum.Enum):
+    """A plugin's status in ``etsdk plugins`` (:attr:`PluginInfo.status`); a failing plugin never stops the others."""
+
+    #: Loaded and registered.
     OK = "ok"
-    UNAVAILABLE = "unavailable"  # installed, but cannot run on this machine
-    FAILED = "failed"  # raised on import, validation or registration; or conflicts
-    SKIPPED = "skipped"  # filtered out, or an incompatible plugin API range
+    #: Installed and registered, but a backend's probe says it cannot run on this machine (exporting still works).
+    UNAVAILABLE = "unavailable"
+    #: Raised on import, validation or registration; or claims what another distribution claims.
+    FAILED = "failed"
+    #: Filtered out by ``ETSDK_PLUGINS`` / ``ETSDK_DISABLE_PLUGINS``, or supports a different plugin-API range.
+    SKIPPED = "skipped"
 
 
 @dataclass(slots=True)

@@ -28,9 +28,11 @@ from etsdk._plugins.specs import BackendSpec, CommandSpec, ContractSpec, RunnerS
 PROJECT = "etsdk"
 
 hookspec = pluggy.HookspecMarker(PROJECT)
+#: Marks a plugin module's ``etsdk_*`` functions as hook implementations (``@etsdk.hookimpl``). An ``etsdk_*``
+#: function without it makes the plugin fail validation rather than be silently ignored.
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
-#: The plugin-API version this etsdk provides. Bumped when a hook below, or
+#: The plugin-API version this etsdk provides. Bumped when a hook, or
 #: what a backend's factories receive and return (:mod:`etsdk.backend`),
 #: changes incompatibly; plugins declare the range they support.
 #: Version 2: ``preprocess(partition)``, ``execute(args, state)``, declared options.

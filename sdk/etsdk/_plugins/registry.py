@@ -66,20 +66,31 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class PluginInfo:
-    """What ``etsdk plugins`` reports for one plugin."""
+    """What ``etsdk plugins`` reports for one plugin (:func:`etsdk.list_plugins` returns these)."""
 
+    #: The entry-point name (``aoti``); ``ETSDK_PLUGINS`` / ``ETSDK_DISABLE_PLUGINS`` accept it.
     name: str
+    #: The distribution that installs the plugin (``etsdk-aoti``), or ``etsdk`` for the core's own.
     distribution: str
+    #: The distribution's version.
     version: str
+    #: The backend ids it registered.
     backends: tuple[str, ...]
+    #: The contracts it registered, as names.
     contracts: tuple[str, ...]
+    #: ``ok``, ``unavailable``, ``failed`` or ``skipped`` (:class:`PluginStatus`).
     status: PluginStatus
+    #: Why the status is not ``ok`` (None when it is); for ``unavailable``, what is missing.
     reason: str | None
-    runners: tuple[str, ...] = ()  # contract names this plugin provides a runner for
-    refused: tuple[str, ...] = ()  # records refused because another plugin (or the core) claims them
-    commands: tuple[str, ...] = ()  # `etsdk` commands this plugin registers (refused ones included, as listed)
+    #: The contract names it provides a runner for.
+    runners: tuple[str, ...] = ()
+    #: Its records refused because another plugin (or the core) claims the same key; the rest of it still works.
+    refused: tuple[str, ...] = ()
+    #: The ``etsdk`` commands it registers (refused ones included).
+    commands: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
+        """The object ``etsdk plugins --json`` prints for this plugin (every field; ``status`` as its string)."""
         return {
             "name": self.name,
             "distribution": self.distribution,
@@ -387,7 +398,12 @@ def backend_availability(backend_id: str) -> Availability | None:
 
 
 def get_contract(name: str, version: int) -> ContractSpec:
-    """The registered specification of contract ``name`` version ``version``."""
+    """The registered specification of contract ``name`` version ``version``.
+
+    Raises :class:`EtsdkError` naming the supported versions when only the version is unknown (or what is
+    registered, and how to install a plugin, when the name is), and :class:`PluginConflictError` when two
+    plugins claim the pair.
+    """
     reg = _get()
     key = f"contract '{name}' v{version}"
     if key in reg.conflicts:

@@ -28,9 +28,14 @@ __all__ = [
 
 
 class Capability(str, enum.Enum):
-    """What a backend can do, as far as the core needs to know."""
+    """What a backend can do, as far as the core needs to know (``BackendSpec.capabilities``).
 
+    The conformance kit skips a behaviour that needs a capability the backend does not declare, with that reason.
+    """
+
+    #: The backend runs on the CPU.
     CPU = "cpu"
+    #: The backend runs on a CUDA device.
     CUDA = "cuda"
     #: The backend binds caller-owned state (KV caches, counters) in place.
     CALLER_OWNED_STATE = "caller_owned_state"
@@ -42,15 +47,19 @@ class Capability(str, enum.Enum):
 class Availability:
     """Whether a backend can run on this machine, and if not, why."""
 
+    #: True when the backend's runtime can run here (exporting never needs it).
     available: bool
+    #: Why not, for ``etsdk plugins`` and the error of a load that needs the backend; None when available.
     reason: str | None = None
 
     @classmethod
     def ok(cls) -> Availability:
+        """The backend can run here."""
         return cls(True, None)
 
     @classmethod
     def unavailable(cls, reason: str) -> Availability:
+        """The backend cannot run here; ``reason`` (required, non-empty) says what is missing and how to get it."""
         if not reason:
             raise ValueError("an unavailable backend must say why")
         return cls(False, reason)
@@ -70,9 +79,11 @@ class Option:
     core passes only the options the caller gave).
     """
 
+    #: The keyword the partitioner receives (a Python identifier).
     name: str
     type: type | tuple[type, ...]
     default: Any = None
+    #: One line saying what the option does.
     help: str = ""
     choices: tuple[Any, ...] | None = None
 
@@ -81,6 +92,7 @@ class Option:
             raise ValueError(f"option name must be a Python identifier, got {self.name!r}")
 
     def describe(self) -> str:
+        """``name (type[ | type] [one of [...]])``: how errors about this option name what it accepts."""
         types = self.type if isinstance(self.type, tuple) else (self.type,)
         kinds = " | ".join(t.__name__ for t in types)
         choices = f" one of {list(self.choices)}" if self.choices is not None else ""
@@ -118,12 +130,15 @@ class BackendSpec:
     """
 
     id: str
+    #: The backend's own version (informational; the blob's required features, not this, decide compatibility).
     version: str
     partitioner: Callable[..., Any]
     preprocess: Callable[..., Any]
     runtime: Callable[[], Any]
+    #: What the backend can do (:class:`Capability`); the conformance kit skips behaviours needing others.
     capabilities: frozenset[Capability] = frozenset()
     probe: Callable[[], Availability] = _always_available
+    #: One line describing the backend (informational).
     description: str = ""
     options: tuple[Option, ...] = ()
 
@@ -142,11 +157,19 @@ class BackendSpec:
 
 @dataclass(frozen=True, slots=True)
 class ContractSpec:
-    """A versioned I/O contract, specified as a data file."""
+    """A versioned I/O contract, specified as a data file (what ``etsdk_register_contracts`` returns).
 
+    A program embeds the contract record it was exported against; :func:`etsdk.load` checks that record against
+    the specification registered for its ``(name, version)``, and refuses a name or version nobody registered.
+    """
+
+    #: The contract's name, as in the file and in program records (``kv_decoder``, ``hf_static``).
     name: str
+    #: Its version (an integer); a new version is a new specification, registered beside the old one.
     version: int
+    #: The JSON specification (the ``contracts/`` format), parsed strictly each time a program embedding it loads.
     path: Path
+    #: One line describing the contract (informational).
     description: str = ""
 
 
@@ -162,10 +185,12 @@ class RunnerSpec:
     it takes an :class:`etsdk.ExportRequest` and returns the paths written.
     """
 
+    #: The name of the contract whose programs the runner drives.
     contract: str
     factory: Callable[..., Any]
     versions: tuple[int, ...] = field(default=(1,))
     exporter: Callable[..., Any] | None = None
+    #: One line describing the runner (informational).
     description: str = ""
 
 

@@ -53,18 +53,28 @@ __all__ = ["Method", "MethodInfo", "Program", "TensorInfo", "load"]
 class TensorInfo:
     """Shape and dtype of one method input or output, as the program declares it."""
 
+    #: Its position among the method's inputs (or outputs).
     index: int
+    #: The static shape.
     shape: tuple[int, ...]
-    dtype: Any  # torch.dtype
+    #: The ``torch.dtype``.
+    dtype: Any
+    #: Its size in bytes.
     nbytes: int
 
 
 @dataclass(frozen=True, slots=True)
 class MethodInfo:
+    """What :meth:`Program.method_info` reports for one method: its engine I/O and its delegates' backends."""
+
+    #: The method's name.
     name: str
-    inputs: tuple[TensorInfo | None, ...]  # None for non-tensor inputs
+    #: The engine inputs in call order (what ``run`` takes); None for a non-tensor input.
+    inputs: tuple[TensorInfo | None, ...]
+    #: The engine outputs in the order ``run`` returns them; None for a non-tensor output.
     outputs: tuple[TensorInfo | None, ...]
-    backends: tuple[str, ...]  # delegate backend ids, in program order
+    #: The backend id of each delegate, in program order (one id per delegate, so an id may repeat).
+    backends: tuple[str, ...]
 
 
 def _tensor_info(meta: Any, index: int, getter: str) -> TensorInfo | None:
@@ -244,6 +254,7 @@ class Program:
 
     @property
     def methods(self) -> tuple[str, ...]:
+        """The program's method names."""
         return tuple(self._backends)
 
     @property
@@ -279,6 +290,7 @@ class Program:
             return self._default_session
 
     def delegates(self, method: str) -> tuple[str, ...]:
+        """The backend id of each delegate of ``method``, in program order (``etsdk inspect`` shows more)."""
         self._check_method(method)
         return self._backends[method]
 
@@ -289,6 +301,7 @@ class Program:
             )
 
     def method_info(self, method: str) -> MethodInfo:
+        """Shapes and dtypes of ``method``'s inputs and outputs, and its delegates' backends (nothing is loaded)."""
         self._check_method(method)
         meta = self._native.metadata(method)
         return MethodInfo(
@@ -330,6 +343,13 @@ class Program:
         return self.load_method(method)
 
     def run(self, method: str, *inputs: Any, session: Session | None = None) -> list[Any]:
+        """Run ``method`` on ``inputs`` (loading it on first use); returns its outputs as a list of tensors.
+
+        Inputs are checked before anything runs (:meth:`Method.execute`). A stateful method binds ``session``
+        (default: :attr:`default_session`); pass it on every call to keep conversations apart. Calls into one
+        program are serialised by its lock (methods share planned memory): load one program per thread to run
+        in parallel.
+        """
         return self.load_method(method).execute(inputs, session=session)
 
     def __repr__(self) -> str:

@@ -37,20 +37,28 @@ __all__ = ["VerifyReport", "verify"]
 class VerifyReport:
     """What :func:`verify` checked: every entry, and every method loaded (or why not)."""
 
+    #: The ``.pte`` checked.
     program: Path
+    #: The ``.ptd`` checked with it, or None.
     data: Path | None
+    #: One per named-data entry: file, key, size, ``status`` (``ok``, ``mismatch`` with the digest ``found``,
+    #: or ``unverifiable``: the key is not a content hash).
     entries: tuple[EntryCheck, ...]
-    methods: tuple[tuple[str, str], ...]  # (method, "loaded" | "skipped: <why>")
+    #: ``(method, "loaded")`` or ``(method, "skipped: <why>")`` (its backend is not installed or cannot run here).
+    methods: tuple[tuple[str, str], ...]
 
     @property
     def ok(self) -> bool:
+        """No entry is damaged (``unverifiable`` entries and skipped methods do not count against it)."""
         return all(e.status != "mismatch" for e in self.entries)
 
     @property
     def verified_bytes(self) -> int:
+        """The bytes whose SHA-256 matched their key."""
         return sum(e.size for e in self.entries if e.status == "ok")
 
     def to_json(self) -> dict[str, object]:
+        """What ``etsdk verify --json`` prints: ``program``, ``data``, ``ok``, ``entries``, ``methods``."""
         return {
             "program": str(self.program),
             "data": str(self.data) if self.data is not None else None,

@@ -172,17 +172,34 @@ class MethodSpec:
 
 @dataclass(frozen=True, slots=True)
 class Contract:
+    """An I/O contract: what each method's inputs and outputs *are*, and the state the methods share.
+
+    The same class holds a *specification* (``contracts/<name>/<version>.json``: symbolic dims, ``repeat``
+    entries) and a *record* (:meth:`bind`: every size concrete, repeats expanded, aliases checked), which is
+    what :func:`etsdk.lower` takes and a program embeds. Parsing is strict: every problem is a
+    :class:`etsdk.ContractError` naming where (``methods.decode.inputs[2].role``), what was expected and what was
+    found. Immutable; ``docs/contracts.md`` describes the format.
+    """
+
+    #: The contract's name (``kv_decoder``); with ``version``, the key a specification is registered under.
     name: str
+    #: The contract's version (an integer).
     version: int
+    #: Each method's inputs and outputs, in engine order.
     methods: tuple[MethodSpec, ...]
+    #: The caller-owned state the methods bind (KV caches, counters), by identity.
     states: tuple[StateSpec, ...] = ()
+    #: Symbolic sizes: ``None`` must be given to :meth:`bind`, an integer is fixed; all integers in a record.
     dims: Mapping[str, int | None] = field(default_factory=dict)
+    #: Features a reader must implement; one it lacks makes it refuse the contract (fail closed).
     required_features: tuple[str, ...] = ()
+    #: Free-form JSON for runners (``hf_static``'s tokenizer and model settings), nested at most 32 levels.
     metadata: Mapping[str, Any] = field(default_factory=dict)
 
     # ----------------------------------------------------------------- lookups
 
     def method(self, name: str) -> MethodSpec:
+        """The method ``name``; raises :class:`etsdk.ContractError` listing the methods when there is none."""
         for m in self.methods:
             if m.name == name:
                 return m
@@ -192,6 +209,7 @@ class Contract:
         )
 
     def state(self, name: str) -> StateSpec:
+        """The state with identity ``name``; raises :class:`etsdk.ContractError` when there is none."""
         for s in self.states:
             if s.name == name:
                 return s
@@ -207,6 +225,7 @@ class Contract:
 
     @property
     def is_bound(self) -> bool:
+        """True for a record: every dim an integer and no ``repeat`` left (what export and load require)."""
         return all(isinstance(v, int) for v in self.dims.values()) and not any(
             s.repeat for s in self.states
         )
@@ -404,6 +423,7 @@ class Contract:
     # --------------------------------------------------------------- (de)serialise
 
     def to_json(self) -> dict[str, Any]:
+        """The contract as the JSON object :meth:`from_json` reads (format and format version included)."""
         return {
             "format": CONTRACT_FORMAT,
             "format_version": [FORMAT_MAJOR, FORMAT_MINOR],
@@ -420,10 +440,12 @@ class Contract:
         }
 
     def to_bytes(self) -> bytes:
+        """:meth:`to_json` as compact UTF-8 JSON (what a program embeds in its record)."""
         return json.dumps(self.to_json(), separators=(",", ":")).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes | memoryview, *, where: str = "contract") -> Contract:
+        """Parse UTF-8 JSON strictly (:meth:`from_json`); ``where`` starts every error message (a file name)."""
         try:
             obj = json.loads(bytes(data).decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -434,6 +456,11 @@ class Contract:
 
     @classmethod
     def from_json(cls, obj: Any, *, where: str = "contract") -> Contract:
+        """Parse a decoded JSON object strictly; raises :class:`etsdk.ContractError` naming the field on any problem.
+
+        A newer format major version, or a required feature this etsdk lacks, is an
+        :class:`etsdk.UnsupportedFeatureError` (fail closed).
+        """
         p = _Parser(where)
         o = p.obj(obj, "")
         check_format(

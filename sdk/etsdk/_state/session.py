@@ -113,6 +113,7 @@ class Session:
 
     @property
     def contract(self) -> Contract:
+        """The contract record whose states this session holds (the program's)."""
         return self._contract
 
     @property
@@ -126,6 +127,8 @@ class Session:
         return self._view
 
     def tensor(self, name: str) -> torch.Tensor:
+        """The storage of state ``name`` (the same tensor as ``state[name]``); raises :class:`etsdk.StateError`
+        naming the declared states when there is none."""
         try:
             return self._tensors[name]
         except KeyError:
@@ -141,6 +144,7 @@ class Session:
                 self._tensors[spec.name].fill_(spec.initial)
 
     def check_owner(self, owner: object) -> None:
+        """Refuse (:class:`etsdk.StateError`) a session made by another program: its storage has other shapes."""
         if self._owner is not None and self._owner is not owner:
             raise StateError("this session belongs to another program; create one with program.new_session()")
 

@@ -64,11 +64,15 @@ STATE_META = "etsdk_state"
 class ArgSpec:
     """One engine-bound delegate input or output: the partition's name for it, dtype and shape."""
 
+    #: The partition graph's name for the value (error messages name it).
     name: str
+    #: The dtype's name (``float32``; :func:`torch_dtype` turns it back into a ``torch.dtype``).
     dtype: str
+    #: The static shape.
     shape: tuple[int, ...]
 
     def describe(self) -> str:
+        """``'name' dtype [shape]``: how error messages name the argument."""
         return f"'{self.name}' {self.dtype} {list(self.shape)}"
 
 
@@ -81,10 +85,15 @@ class StateBinding:
     position of this binding in :attr:`DelegateSignature.states`.
     """
 
+    #: The buffer's placeholder name in the partition's graph.
     placeholder: str
+    #: The module buffer it came from (``k_cache_0``), as declared in ``MethodSource(state=...)``.
     fqn: str
+    #: The state identity in the contract (``k0``): what the session's storage is keyed by.
     state: str
+    #: The dtype's name (``float32``).
     dtype: str
+    #: The state's shape (as the contract record fixes it).
     shape: tuple[int, ...]
     written: bool
 
@@ -100,8 +109,11 @@ class DelegateSignature:
     ``(operator name, count)`` of what the delegate computes.
     """
 
+    #: The engine inputs, in the order ``execute`` receives them (first in ``args``).
     inputs: tuple[ArgSpec, ...]
+    #: The engine outputs, in the order ``execute`` receives them (after the inputs in ``args``).
     outputs: tuple[ArgSpec, ...]
+    #: The state bindings, in the order ``execute`` receives the session's tensors.
     states: tuple[StateBinding, ...] = ()
     operators: tuple[tuple[str, int], ...] = ()
     payload_sha256: str = ""
@@ -110,10 +122,12 @@ class DelegateSignature:
 
     @property
     def state_by_placeholder(self) -> dict[str, StateBinding]:
+        """The state bindings by placeholder name (to find a graph node's state at preprocess)."""
         return {s.placeholder: s for s in self.states}
 
     @property
     def state_by_fqn(self) -> dict[str, StateBinding]:
+        """The state bindings by module buffer name."""
         return {s.fqn: s for s in self.states}
 
     @classmethod
@@ -166,6 +180,7 @@ class DelegateSignature:
         return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:32]
 
     def to_json(self) -> dict[str, Any]:
+        """The signature as stored in the program record (:meth:`from_json` reads it back)."""
         return {
             "uid": self.uid,
             "payload_sha256": self.payload_sha256,
@@ -188,6 +203,7 @@ class DelegateSignature:
 
     @classmethod
     def from_json(cls, obj: Any, where: str) -> DelegateSignature:
+        """Parse a signature from a program record; raises :class:`etsdk.ProgramError` starting with ``where``."""
         try:
             return cls(
                 inputs=tuple(_arg_from(a) for a in obj["inputs"]),

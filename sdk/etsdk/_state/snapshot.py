@@ -59,11 +59,18 @@ _DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloa
 class Snapshot:
     """An immutable copy of a session's caller-owned state and the identity of the program it was taken on."""
 
+    #: The name of the contract the program follows.
     contract: str
+    #: Its version.
     contract_version: int
+    #: The program's model fingerprint (weights and state layout, not the backends): a snapshot restores into
+    #: any program of the same model, whichever backends it was exported for.
     model: ModelFingerprint
+    #: The contract's state declarations the tensors follow (name, dtype, shape, ...).
     states: tuple[StateSpec, ...]
+    #: State identity -> a private copy of its tensor (read-only mapping).
     tensors: Mapping[str, torch.Tensor]
+    #: The caller's JSON values kept with the state (a runner's position, say), copied and read-only.
     metadata: Mapping[str, Any]
 
     @classmethod
@@ -77,6 +84,8 @@ class Snapshot:
         tensors: Mapping[str, torch.Tensor],
         metadata: Mapping[str, Any] | None,
     ) -> Snapshot:
+        """A snapshot over ``tensors`` as given (not copied: :meth:`Session.snapshot` passes copies); ``metadata``
+        is copied through JSON, so it must be JSON values."""
         return cls(
             contract=contract,
             contract_version=contract_version,
@@ -88,6 +97,7 @@ class Snapshot:
 
     @property
     def nbytes(self) -> int:
+        """The size of the state tensors in bytes (what the snapshot holds in memory, metadata aside)."""
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
 
     def differences(self, contract: Contract, model: ModelFingerprint) -> list[str]:

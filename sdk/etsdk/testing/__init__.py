@@ -32,6 +32,7 @@ class NamedDataStub:
         self.entries = entries
 
     def get(self, key: str) -> memoryview:
+        """As :meth:`etsdk.backend.NamedData.get`: the buffer, or the same :class:`etsdk.ProgramError` when missing."""
         if key not in self.entries:
             from etsdk.errors import ProgramError
 
@@ -39,9 +40,11 @@ class NamedDataStub:
         return self.entries[key]
 
     def keys(self) -> list[str]:
+        """The keys given."""
         return list(self.entries)
 
     def get_tensor(self, key: str, dtype: object, shape: tuple[int, ...]) -> object:
+        """As :meth:`etsdk.backend.NamedData.get_tensor`: a read-only tensor over the buffer, its size checked."""
         from etsdk._runtime.bridge import tensor_over
 
         return tensor_over(key, memoryview(self.get(key)), dtype, shape)

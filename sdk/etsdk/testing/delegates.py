@@ -27,11 +27,16 @@ __all__ = ["CapturedDelegate", "capture_delegates", "transform_payloads", "with_
 class CapturedDelegate:
     """One delegate as the core sealed it: ``payload`` is what the runtime binding's ``context.blob`` will be."""
 
+    #: The backend id the delegate was lowered to.
     backend_id: str
+    #: The method it belongs to.
     method: str
+    #: Its sealed signature (uid and payload hash included): what ``context.signature`` will be.
     signature: DelegateSignature
     payload: bytes
+    #: Every named-data entry the partition wrote, key -> bytes (a :class:`NamedDataStub` serves them to ``init``).
     named_data: dict[str, bytes] = field(repr=False)
+    #: What the partitioner's compile specs carried: ``context.compile_specs``.
     compile_specs: dict[str, bytes] = field(default_factory=dict)
 
 

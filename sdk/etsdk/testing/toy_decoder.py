@@ -18,6 +18,14 @@ from etsdk._state.contract import Contract
 
 
 class ToyDecoder(torch.nn.Module):
+    """A small seeded attention decoder with per-layer KV-cache buffers, following ``kv_decoder`` v1.
+
+    Buffers ``k_cache_{i}`` / ``v_cache_{i}`` (``[1, heads, capacity, head_dim]``) are written with
+    ``index_copy_`` at ``positions``, as a real static-cache decoder does; :meth:`state_fqns` maps them to the
+    contract's state identities ``k{i}`` / ``v{i}``. Weights come from ``seed`` (two instances with one seed
+    are equal).
+    """
+
     def __init__(self, *, vocab: int = 32, layers: int = 2, heads: int = 2, head_dim: int = 8, capacity: int = 16, seed: int = 0) -> None:
         super().__init__()
         generator = torch.Generator().manual_seed(seed)
@@ -34,6 +42,7 @@ class ToyDecoder(torch.nn.Module):
             self.register_buffer(f"v_cache_{i}", torch.zeros(1, heads, capacity, head_dim))
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Logits ``[1, T, vocab]`` for ``tokens`` ``[1, T]`` at ``positions`` ``[T]``, writing the caches there."""
         steps = tokens.shape[1]
         x = self.embed(tokens)
         visible = torch.arange(self.capacity).unsqueeze(0) <= positions.unsqueeze(1)  # [T, S]
@@ -60,11 +69,16 @@ class ToyDecoder(torch.nn.Module):
         return out
 
     def reset_caches(self) -> None:
+        """Zero every buffer (the contract's initial state), for a fresh eager run to compare against."""
         for buffer in self.buffers():
             buffer.zero_()
 
 
 def kv_decoder_contract(model: ToyDecoder, prefill_length: int, vocab: int | None = None) -> Contract:
+    """The core's ``kv_decoder`` v1 specification bound to ``model``'s sizes, prefill of ``prefill_length`` tokens.
+
+    ``vocab`` overrides the vocabulary size V (the bound on token ids) when a test needs a different one.
+    """
     from etsdk._plugins.core_plugin import CONTRACTS_DIR
 
     spec = Contract.from_bytes((CONTRACTS_DIR / "kv_decoder" / "1.json").read_bytes())
@@ -81,6 +95,11 @@ def kv_decoder_contract(model: ToyDecoder, prefill_length: int, vocab: int | Non
 def kv_decoder_methods(
     model: ToyDecoder, prefill_length: int, *, prefill_backends: tuple[str, ...], decode_backends: tuple[str, ...], **options: Any
 ) -> dict[str, MethodSource]:
+    """``{"prefill": ..., "decode": ...}`` for :func:`etsdk.lower`: the same ``model`` with its caches declared
+    as state, prefill over ``prefill_length`` tokens and decode over one, each on its own backends.
+
+    ``options`` go to both :class:`etsdk.MethodSource` s (``partitioner_options=``, ``strict=``, ...).
+    """
     state = model.state_fqns()
     return {
         "prefill": MethodSource(

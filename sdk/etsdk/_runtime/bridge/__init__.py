@@ -68,9 +68,15 @@ class NamedData:
         self._native = native
 
     def keys(self) -> list[str]:
+        """Every named-data key of the program and its data file (``"<backend id>/<sha256>"`` for etsdk's writer)."""
         return list(self._native.keys())
 
     def get(self, key: str) -> memoryview:
+        """The bytes of ``key``, zero-copy from the mapped file; raises :class:`etsdk.ProgramError` when it is missing.
+
+        A missing key usually means a program exported with external weights loaded without its ``.ptd``: the
+        error says so.
+        """
         try:
             return memoryview(self._native.get(key))
         except KeyError:
@@ -136,7 +142,9 @@ class InitContext:
     ``execute`` receives the session's tensors.
     """
 
+    #: The backend id the delegate was exported for.
     backend_id: str
+    #: The method being loaded (name it in error messages).
     method: str
     blob: memoryview
     compile_specs: Mapping[str, bytes]
@@ -145,19 +153,37 @@ class InitContext:
 
     @property
     def states(self) -> tuple[StateBinding, ...]:
+        """The delegate's state bindings (``signature.states``): ``execute``'s ``state[i]`` is ``states[i]``.
+
+        Each names the state identity, the buffer it came from, dtype and shape; the order is fixed at export
+        and checked again at load, so a binding may rely on it.
+        """
         return self.signature.states
 
 
 class DelegateHandle(Protocol):
     """What ``init`` returns: ``execute(args, state)`` per call, optional ``destroy()``."""
 
-    def execute(self, args: tuple[Any, ...], state: tuple[Any, ...]) -> None: ...
+    def execute(self, args: tuple[Any, ...], state: tuple[Any, ...]) -> None:
+        """Run the delegate once.
+
+        ``args``: the engine inputs then outputs, in signature order, as tensors sharing the runtime's memory
+        (valid during the call only): write the outputs in place. ``state``: the calling session's storage, one
+        tensor per ``context.states`` entry: update it in place, never keep it past a session switch (a
+        different session passes different tensors). An exception reaches the caller as a
+        :class:`etsdk.DelegateError` naming backend and method.
+        """
 
 
 class RuntimeBinding(Protocol):
     """A backend's runtime side: ``init`` once per delegate per method load."""
 
-    def init(self, context: InitContext) -> DelegateHandle: ...
+    def init(self, context: InitContext) -> DelegateHandle:
+        """Decode and check ``context.blob``, read weights from ``context.named_data``, return the handle.
+
+        Check everything here, not in ``execute``: a damaged or foreign blob must be refused (an exception,
+        never a crash) before any call runs.
+        """
 
 
 @dataclass(frozen=True, slots=True)
