@@ -75,7 +75,7 @@ def pte_regions(path: Path) -> list[Region]:
         if key is None:
             regions += _blob_regions(data, offset, offset + size, f"delegate {delegate}")
             delegate += 1
-        elif key == "etsdk/program":
+        elif key == "etsdk/program" or key.startswith("etsdk/program/"):  # etsdk/program/<sha256>, or an old record
             regions.append(Region("program record", offset, offset + size))
         else:
             regions.append(Region(f"named data {key}", offset, offset + size, weights=True))

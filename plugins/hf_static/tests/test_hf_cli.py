@@ -108,3 +108,15 @@ def test_generate_prints_no_line_from_another_library(cli_pte: Path) -> None:
     if importlib.util.find_spec("torchao") is not None:  # the noise this environment makes: --verbose shows it
         verbose = _etsdk("generate", str(cli_pte), "--prompt", "Hi there", "--max-new-tokens", "2", "--verbose")
         assert verbose.returncode == 0 and _foreign(verbose.stderr.splitlines()), verbose.stderr
+
+
+def test_inspect_is_readable_and_verify_finds_nothing_unverifiable(chat_pte: Path) -> None:
+    """A fresh hf_static export: layers folded into ranges, metadata as aligned lines, every entry verifiable."""
+    inspected = _etsdk("inspect", str(chat_pte))
+    assert inspected.returncode == 0, inspected.stderr
+    text = inspected.stdout
+    assert "    state k0..k1: float32 [" in text and "state c0..c1: reads and writes int64 [] (buffers " in text
+    assert "{'" not in text and re.search(r"^      hf_static\.context_length: +128$", text, re.M), text
+    verified = _etsdk("verify", str(chat_pte))
+    assert verified.returncode == 0, verified.stderr
+    assert verified.stdout.rstrip().endswith(", 0 damaged, 0 unverifiable (key is not a content hash)"), verified.stdout

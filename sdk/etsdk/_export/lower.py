@@ -263,10 +263,10 @@ def check_delegation(methods: Mapping[str, MethodSource], edge: Any, context: An
 
 
 def emit(edge: Any, records: Mapping[str, Any], contract: Any, model: Any, context: Any) -> Lowered:
-    """Stage 7: the program record stored as named data, then ExecuTorch's ``to_executorch``."""
+    """Stage 7: the program record stored as named data (under its content hash), then ExecuTorch's ``to_executorch``."""
     from executorch.exir import ExecutorchBackendConfig
 
-    from etsdk._state.signature import PROGRAM_RECORD_KEY, ProgramRecord
+    from etsdk._state.signature import ProgramRecord, program_record_key
 
     record = ProgramRecord(methods=dict(records), contract=contract, producer=f"etsdk {_version()}", model=model)
     store = getattr(edge, "_named_data_store", None)
@@ -274,7 +274,8 @@ def emit(edge: Any, records: Mapping[str, Any], contract: Any, model: Any, conte
         raise ExportError(
             "this executorch release has no program-level named data store; etsdk needs executorch==1.5.1"
         )
-    store.add_named_data(PROGRAM_RECORD_KEY, record.to_bytes())
+    data = record.to_bytes()
+    store.add_named_data(program_record_key(data), data)  # content-addressed: `etsdk verify` checks it too
     context.progress("emitting the ExecuTorch program")
     with _os_errors_as_export_errors("emitting the program"):
         manager = edge.to_executorch(ExecutorchBackendConfig(extract_delegate_segments=True))

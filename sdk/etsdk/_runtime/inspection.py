@@ -10,9 +10,14 @@ to see which plugin a program needs.
 
 from __future__ import annotations
 
+import json
+import re
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from etsdk._format.content_hash import content_digest
 
 __all__ = ["DelegateReport", "MethodReport", "NamedDataReport", "ProgramReport", "inspect_program"]
 
@@ -64,20 +69,19 @@ class ProgramReport:
         }
 
     def render(self) -> str:
+        """The text of ``etsdk inspect``: the contract and its sizes first, then each method's delegates, then the
+        named data; repeated per-layer lines folded into ranges (``k0..k29``). :meth:`to_json` keeps every detail."""
         lines = [f"{self.path} ({self.size} bytes)"]
         record = self.record
         if record is None:
             lines.append("  no etsdk program record (not written by etsdk.lower)")
         else:
-            lines.append(f"  producer: {record.producer or '?'}")
             if record.contract is not None:
-                c = record.contract
-                dims = ", ".join(f"{k}={v}" for k, v in c.dims.items())
-                lines.append(f"  contract: {c.name} v{c.version} ({dims}); {len(c.states)} state(s)")
-                for key, value in sorted(dict(c.metadata).items()):
-                    lines.append(f"    metadata {key}: {value}")
+                lines += _contract_lines(record.contract)
+            lines.append(f"  producer: {record.producer or '?'}")
             if record.model is not None:
                 lines.append(f"  model: weights {record.model.weights[:16]}..., states {record.model.states[:16]}...")
+        seen: dict[tuple[Any, ...], str] = {}  # state bindings already shown -> where
         for method in self.methods:
             lines.append(f"  method {method.name}: {len(method.delegates)} delegate(s)")
             for index, d in enumerate(method.delegates):
@@ -89,17 +93,135 @@ class ProgramReport:
                 lines.append(f"        operators: {ops or '-'}")
                 lines.append(f"        inputs:  {', '.join(a.describe() for a in s.inputs) or '-'}")
                 lines.append(f"        outputs: {', '.join(a.describe() for a in s.outputs) or '-'}")
-                for b in s.states:
-                    what = "reads and writes" if b.written else "reads"
-                    lines.append(f"        state {b.state}: {what} {b.dtype} {list(b.shape)} (buffer {b.fqn})")
+                states = tuple(s.states)
+                if len(states) > 1 and states in seen:
+                    lines.append(f"        state: the same {len(states)} bindings as {seen[states]}")
+                else:
+                    lines += [f"        {line}" for line in _binding_lines(states)]
+                    seen.setdefault(states, f"method {method.name} [{index}]")
                 features = "opaque payload" if s.payload_features is None else f"etsdk blob requiring {', '.join(s.payload_features) or 'nothing'}"
                 lines.append(f"        payload: {features}; sha256 {s.payload_sha256[:16]}...")
         if self.named_data:
             total = sum(e.size for e in self.named_data)
             lines.append(f"  named data: {len(self.named_data)} entr{'y' if len(self.named_data) == 1 else 'ies'}, {total} bytes")
-            for e in self.named_data:
-                lines.append(f"    {e.key}  {e.size} bytes  ({e.file})")
+            lines += [f"    {line}" for line in _named_data_lines(self.named_data)]
         return "\n".join(lines)
+
+
+#: other keys listed one by one per file before the rest are counted (``--json`` lists them all)
+_LISTED_KEYS = 12
+_NUMBERED = re.compile(r"^(.*?)(\d+)$")
+
+
+def _folded(items: Sequence[tuple[str, Hashable]]) -> list[list[int]]:
+    """Indexes of ``(name, attributes)`` folded into runs: names ``<prefix><n>``, ``<prefix><n+1>``, ... with equal
+    attributes, in order of their first member (members of a run need not be adjacent in ``items``)."""
+    runs: list[list[int]] = []
+    open_runs: dict[tuple[str, Hashable], tuple[list[int], int]] = {}  # (prefix, attributes) -> (run, last number)
+    for index, (name, attributes) in enumerate(items):
+        found = _NUMBERED.match(name)
+        if found is None:
+            runs.append([index])
+            continue
+        prefix, number = found.group(1), int(found.group(2))
+        key = (prefix, attributes)
+        current = open_runs.get(key)
+        if current is not None and current[1] + 1 == number and found.group(2) == str(number):
+            current[0].append(index)
+            open_runs[key] = (current[0], number)
+        else:
+            run = [index]
+            runs.append(run)
+            open_runs[key] = (run, number)
+    return runs
+
+
+def _span(first: str, last: str) -> str:
+    return first if first == last else f"{first}..{last}"
+
+
+def _fqn_pattern(fqn: str, name: str) -> tuple[str, str] | None:
+    """``fqn`` split around the last number in it that equals ``name``'s number (``k_cache_3`` for ``k3``)."""
+    found = _NUMBERED.match(name)
+    if found is None:
+        return None
+    at = [m for m in re.finditer(r"\d+", fqn) if m.group() == found.group(2)]
+    return (fqn[: at[-1].start()], fqn[at[-1].end() :]) if at else None
+
+
+def _binding_lines(states: Sequence[Any]) -> list[str]:
+    """One line per state binding, consecutive layers with the same dtype, shape, access and buffer name folded."""
+    items = []
+    for b in states:
+        pattern = _fqn_pattern(b.fqn, b.state)
+        items.append((b.state, (b.dtype, tuple(b.shape), b.written, pattern if pattern is not None else b.fqn)))
+    lines = []
+    for run in _folded(items):
+        first, last = states[run[0]], states[run[-1]]
+        what = "reads and writes" if first.written else "reads"
+        buffers = f"buffers {_span(first.fqn, last.fqn)}" if len(run) > 1 else f"buffer {first.fqn}"
+        lines.append(f"state {_span(first.state, last.state)}: {what} {first.dtype} {list(first.shape)} ({buffers})")
+    return lines
+
+
+def _contract_lines(contract: Any) -> list[str]:
+    """The contract, its sizes, its state folded into ranges, and its metadata as aligned ``key: value`` lines."""
+    lines = [f"  contract: {contract.name} v{contract.version}; {len(contract.states)} state(s)"]
+    if contract.dims:
+        lines.append(f"    sizes: {', '.join(f'{k}={v}' for k, v in contract.dims.items())}")
+    states = contract.states
+    items = [(st.name, (st.dtype, tuple(st.shape), st.role, st.initial, st.device, st.ownership)) for st in states]
+    for run in _folded(items):
+        first, last = states[run[0]], states[run[-1]]
+        extra = "".join(
+            (f", initial {first.initial:g}" if first.initial else "", f", on {first.device}" if first.device != "cpu" else "")
+        )
+        role = getattr(first.role, "value", first.role)
+        lines.append(f"    state {_span(first.name, last.name)}: {first.dtype} {list(first.shape)} ({role}{extra})")
+    metadata = _flat_metadata(contract.metadata)
+    if metadata:
+        width = max(len(key) for key, _ in metadata) + 1
+        lines.append("    metadata:")
+        lines += [f"      {key + ':':<{width}} {value}" for key, value in metadata]
+    return lines
+
+
+def _flat_metadata(metadata: Mapping[str, Any], prefix: str = "") -> list[tuple[str, str]]:
+    """Nested mappings as dotted keys (sorted); strings as they are, every other value as JSON."""
+    out: list[tuple[str, str]] = []
+    for key in sorted(metadata, key=str):
+        value = metadata[key]
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out += _flat_metadata(value, f"{name}.")
+        else:
+            out.append((name, value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)))
+    return out
+
+
+def _named_data_lines(entries: Sequence[NamedDataReport]) -> list[str]:
+    """Content-addressed entries counted per namespace and file (one entry: its key); other keys one by one."""
+    groups: dict[tuple[str, str], list[NamedDataReport]] = {}
+    others: dict[str, list[NamedDataReport]] = {}
+    for e in entries:
+        digest = content_digest(e.key)
+        if digest is None:
+            others.setdefault(e.file, []).append(e)
+        else:
+            groups.setdefault((e.key[: -len(digest)], e.file), []).append(e)
+    lines = []
+    for (namespace, file), members in groups.items():
+        if len(members) == 1:
+            lines.append(f"{members[0].key}  {members[0].size} bytes  ({file})")
+        else:
+            size = sum(e.size for e in members)
+            lines.append(f"{namespace}<sha256>  {len(members)} entries, {size} bytes  ({file})")
+    for file, members in others.items():
+        lines += [f"{e.key}  {e.size} bytes  ({file})" for e in members[:_LISTED_KEYS]]
+        rest = members[_LISTED_KEYS:]
+        if rest:
+            lines.append(f"... {len(rest)} more entries, {sum(e.size for e in rest)} bytes  ({file}; --json lists every entry)")
+    return lines
 
 
 def _model_json(record: Any) -> Any:

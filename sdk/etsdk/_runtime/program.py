@@ -30,6 +30,7 @@ before anything executes.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 import weakref
@@ -43,8 +44,8 @@ from etsdk._format.program_file import DataLayout, FormatError, ProgramLayout, r
 from etsdk._runtime.bridge import ensure_registered, loading_method, pop_delegate_error, runtime_backend_names
 from etsdk._state.contract import Contract, ContractError, IOSpec
 from etsdk._state.session import Session, StateError
-from etsdk._state.signature import PROGRAM_RECORD_KEY, ProgramRecord
-from etsdk.errors import BackendNotFoundError, ProgramError
+from etsdk._state.signature import PROGRAM_RECORD_KEY, ProgramRecord, find_program_record_key
+from etsdk.errors import BackendNotFoundError, EtsdkError, IntegrityError, ProgramError
 
 __all__ = ["Method", "MethodInfo", "Program", "TensorInfo", "load"]
 
@@ -446,11 +447,14 @@ class _Checked:
     bounds: dict[str, dict[int, int]]
 
 
-def open_checked(path: str | Path, data: str | Path | None, *, check_contract: bool = True) -> _Checked:
+def open_checked(
+    path: str | Path, data: str | Path | None, *, check_contract: bool = True, read_record: bool = True
+) -> _Checked:
     """Open, pin and check the files (everything before backends are resolved; ``etsdk inspect`` stops here).
 
     ``check_contract``: also check the embedded contract against the installed specification.
-    The caller closes ``result.files``.
+    ``read_record``: parse the program record (``etsdk verify`` reads the files without it when the record is
+    damaged, to report it with every other entry). The caller closes ``result.files``.
     """
     from etsdk._runtime.bridge.build import load_extension
 
@@ -466,8 +470,9 @@ def open_checked(path: str | Path, data: str | Path | None, *, check_contract: b
         except FormatError as exc:
             raise ProgramError(f"{path} is not a valid ExecuTorch program ({exc})") from None
         native_bridge = load_extension()
+        record_key = find_program_record_key((e.key for e in layout.entries), path.name)
         try:
-            listing, record_bytes = native_bridge.inspect_program(files.program.runtime_path, PROGRAM_RECORD_KEY)
+            listing, record_bytes = native_bridge.inspect_program(files.program.runtime_path, record_key or PROGRAM_RECORD_KEY)
         except (ValueError, OSError) as exc:
             raise ProgramError(f"{path} is not a valid ExecuTorch program: {exc}") from None
         data_layout = None
@@ -477,18 +482,42 @@ def open_checked(path: str | Path, data: str | Path | None, *, check_contract: b
             except FormatError as exc:
                 raise ProgramError(f"{data_path} is not a valid ExecuTorch data file (.ptd) ({exc})") from None
         backends = {method: tuple(ids) for method, ids in listing}
-        try:
-            record = ProgramRecord.from_bytes(record_bytes, path.name) if record_bytes is not None else None
-        except RecursionError:
-            raise ProgramError(f"{path.name}: the etsdk program record is nested too deeply") from None
         bounds: dict[str, dict[int, int]] = {}
-        if check_contract and record is not None and record.contract is not None:
-            bounds = _check_contract(record.contract, path)
+        try:
+            try:
+                record = ProgramRecord.from_bytes(record_bytes, path.name) if record_bytes is not None and read_record else None
+            except RecursionError:
+                raise ProgramError(f"{path.name}: the etsdk program record is nested too deeply") from None
+            if check_contract and record is not None and record.contract is not None:
+                bounds = _check_contract(record.contract, path)
+        except EtsdkError:
+            _raise_if_damaged(record_key, record_bytes, path.name)  # a refused record: say so when it is damaged
+            raise
         files.check_unchanged("while it was checked")
     except BaseException:
         files.close()
         raise
     return _Checked(path, data_path, files, layout, data_layout, backends, record, bounds)
+
+
+def _raise_if_damaged(key: str | None, data: Any, where: str) -> None:
+    """A program record that did not parse: when its key is its content hash, say that its bytes are damaged.
+
+    Only on this failure path: a record that parses is not hashed at load (``verify`` hashes it).
+    """
+    from etsdk._format.content_hash import content_digest
+
+    expected = content_digest(key) if key is not None else None
+    if key is None or expected is None or data is None:
+        return
+    found = hashlib.sha256(bytes(data)).hexdigest()
+    if found != expected:
+        raise IntegrityError(
+            f"{where}: named data '{key}' ({len(data)} bytes, the etsdk program record) is damaged: its bytes hash to "
+            f"{found}, its key records {expected}",
+            file=where,
+            key=key,
+        )
 
 
 class _PinnedFile:

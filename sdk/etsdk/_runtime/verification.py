@@ -18,10 +18,13 @@ docs/integrity.md for figures):
 
 ``verify=True`` (and ``etsdk verify``) also hashes the data: every named-data
 entry whose key is content-addressed (``<namespace>/<sha256 hex>`` or a bare
-sha256 hex, what etsdk's writer stores) is read once and its SHA-256 compared
-with its key. Keys of any other form are reported as *unverifiable*, never as
+sha256 hex, what etsdk's writer stores, the program record ``etsdk/program/<sha256 hex>``
+included) is read once and its SHA-256 compared with its key. Keys of any other
+form (a third party's, the record ``etsdk/program`` of a program written before
+records were content-addressed) are reported as *unverifiable*, never as
 failures. The default load does not read the weights: a flipped bit inside a
-weight is not detected by it.
+weight is not detected by it; nor does it hash the program record, except to say
+that a record it refuses is damaged.
 """
 
 from __future__ import annotations
@@ -79,9 +82,12 @@ def verify(path: str | Path, data: str | Path | None = None, *, methods: bool = 
     rest.
     """
     from etsdk._runtime.program import load, open_checked
-    from etsdk.errors import BackendNotFoundError, BackendUnavailableError
+    from etsdk.errors import BackendNotFoundError, BackendUnavailableError, IntegrityError
 
-    checked = open_checked(path, data)
+    try:
+        checked = open_checked(path, data)
+    except IntegrityError:  # the program record is damaged: report it with every other entry, load nothing
+        checked = open_checked(path, data, read_record=False)
     try:
         entries = hash_entries(checked.files.program.fd, checked.layout.entries, checked.path.name)
         if checked.files.data is not None and checked.data_layout is not None and checked.data_path is not None:

@@ -4,8 +4,9 @@ A :class:`DelegateSignature` lists a delegate's engine-bound inputs and outputs
 in the order its runtime binding receives them, the state it binds (each state
 buffer's placeholder, module FQN, state identity, dtype, shape, whether it is
 written) and the operators it claimed. Signatures live in one place in the
-``.pte``: the :class:`ProgramRecord` (named data ``etsdk/program``), one list
-per method in engine order. Each delegate blob is wrapped by the core in an
+``.pte``: the :class:`ProgramRecord` (named data ``etsdk/program/<sha256 hex of the
+record>``, content-addressed like every other entry etsdk writes, so ``etsdk verify``
+checks it; ``etsdk/program`` in programs written before), one list per method in engine order. Each delegate blob is wrapped by the core in an
 etsdk container holding only the delegate's ``uid`` and the plugin's payload;
 the uid names the record entry and the payload's SHA-256 is recorded with it.
 
@@ -27,11 +28,12 @@ from __future__ import annotations
 import hashlib
 import json
 import operator
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from etsdk._format.blob import BlobReader
+from etsdk._format.content_hash import content_digest
 from etsdk._format.dtypes import dtype_name as _dtype_name
 from etsdk._format.fingerprint import ModelFingerprint
 from etsdk._format.versioning import check_format
@@ -46,9 +48,13 @@ __all__ = [
     "ProgramRecord",
     "StateBinding",
     "check_binding_order",
+    "find_program_record_key",
+    "is_program_record_key",
+    "program_record_key",
 ]
 
-#: Named-data key of the program record inside the .pte.
+#: Named-data key of the program record inside the .pte: ``etsdk/program/<sha256 hex of the record>`` (see
+#: :func:`program_record_key`); programs written before records were content-addressed use this key itself.
 PROGRAM_RECORD_KEY = "etsdk/program"
 PROGRAM_FORMAT = "etsdk.program"
 PROGRAM_FORMAT_MAJOR = 2
@@ -287,6 +293,27 @@ def _arg_from(obj: Any) -> ArgSpec:
 
 
 # ----------------------------------------------------------------------------- program record
+
+
+def program_record_key(data: bytes) -> str:
+    """The key a program record's bytes are stored under: ``etsdk/program/<sha256 hex of data>``."""
+    return f"{PROGRAM_RECORD_KEY}/{hashlib.sha256(data).hexdigest()}"
+
+
+def is_program_record_key(key: str) -> bool:
+    """Whether ``key`` names a program record: content-addressed, or ``etsdk/program`` of an older program."""
+    if key == PROGRAM_RECORD_KEY:
+        return True
+    prefix = PROGRAM_RECORD_KEY + "/"
+    return key.startswith(prefix) and content_digest(key) == key[len(prefix):]
+
+
+def find_program_record_key(keys: Iterable[str], where: str) -> str | None:
+    """The one program-record key among a ``.pte``'s named-data keys, None if there is none; two are refused."""
+    found = [key for key in keys if is_program_record_key(key)]
+    if len(found) > 1:
+        raise ProgramError(f"{where}: holds {len(found)} etsdk program records ({', '.join(found)}); a program has one")
+    return found[0] if found else None
 
 
 @dataclass(frozen=True, slots=True)

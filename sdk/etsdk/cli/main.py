@@ -97,6 +97,7 @@ def _cmd_conformance(args: argparse.Namespace) -> int:
 def _cmd_verify(args: argparse.Namespace) -> int:
     from etsdk._runtime.program import data_beside
     from etsdk._runtime.verification import verify
+    from etsdk._state.signature import PROGRAM_RECORD_KEY
 
     data = args.data if args.data is not None else data_beside(args.program)
     report = verify(args.program, data, methods=not args.no_methods)
@@ -110,10 +111,14 @@ def _cmd_verify(args: argparse.Namespace) -> int:
             print(f"DAMAGED  {entry.file}: '{entry.key}' ({entry.size} bytes) hashes to {entry.found}")
     for method, status in report.methods:
         print(f"method {method}: {status}")
+    unverifiable = [entry.key for entry in report.entries if entry.status == "unverifiable"]
+    if PROGRAM_RECORD_KEY in unverifiable:
+        print(f"note: '{PROGRAM_RECORD_KEY}' is the program record of an older etsdk: re-export to make it verifiable")
+    named = ", ".join(f"'{key}'" for key in unverifiable[:3]) + (f" and {len(unverifiable) - 3} more" if len(unverifiable) > 3 else "")
     print(
         f"{report.program}{' + ' + str(report.data) if report.data else ''}: structure ok; named data: "
         f"{counts.get('ok', 0)} verified ({report.verified_bytes} bytes), {counts.get('mismatch', 0)} damaged, "
-        f"{counts.get('unverifiable', 0)} unverifiable (key is not a content hash)"
+        f"{len(unverifiable)} unverifiable (key is not a content hash{': ' + named if named else ''})"
     )
     return 0 if report.ok else 1
 
