@@ -351,7 +351,7 @@ def _with_state_device(contract: Any, devices: set[str]) -> Any:
 
 
 def _version() -> str:
-    from etsdk import __version__
+    from etsdk._version import __version__
 
     return __version__
 
