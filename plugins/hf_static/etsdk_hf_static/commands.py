@@ -40,8 +40,15 @@ def configure_export(export: argparse.ArgumentParser) -> None:
     export.add_argument("--backend", default="aoti", help="backend for every method: an id or a short name (aoti)")
     export.add_argument("--prefill-backend", default=None, help="backend for the prefill method only")
     export.add_argument("--decode-backend", default=None, help="backend for the decode method only")
-    export.add_argument("--prefill-length", type=int, default=None, help="tokens per prefill call (T)")
-    export.add_argument("--context-length", type=int, default=None, help="cache rows (S)")
+    export.add_argument(
+        "--prefill-length", type=int, default=None, metavar="T",
+        help="tokens per prefill call (default: 64, or S when S is smaller; a prompt runs in chunks of T)",
+    )
+    export.add_argument(
+        "--context-length", type=int, default=None, metavar="S",
+        help="cache rows: prompt and replies of a conversation together "
+        "(default: the model's max_position_embeddings, at most 2048)",
+    )
     export.add_argument("--external-data", action="store_true", help="weights in a .ptd beside the .pte")
     export.add_argument("--quiet", action="store_true", help="no progress on stderr")
     export.add_argument(
@@ -188,7 +195,14 @@ def configure_chat(chat: argparse.ArgumentParser) -> None:
     chat.add_argument("program", help="the .pte")
     chat.add_argument("--data", default=None, help="its .ptd (default: <stem>.ptd beside the .pte, if there is one)")
     chat.add_argument("--system", default=None, help="a system message")
-    chat.add_argument("--max-new-tokens", type=int, default=128, help="per reply")
+    chat.add_argument(
+        "--max-new-tokens", type=int, default=128,
+        help="per reply (default 128); a reply gets at most the rows the context has left",
+    )
+    chat.add_argument(
+        "--no-context-shift", action="store_true",
+        help="keep every exchange: refuse a message that does not fit instead of dropping the oldest exchanges",
+    )
     chat.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
     chat.add_argument("--top-p", type=float, default=1.0)
     chat.add_argument("--seed", type=int, default=None)
@@ -219,7 +233,7 @@ COMMANDS = (
     ),
     CommandSpec(
         name="chat",
-        help="chat with a program (the tokenizer's chat template; /reset, /rewind N, /save, /load)",
+        help="chat with a program (the tokenizer's chat template; /help lists the commands)",
         configure=configure_chat,
         run=run_chat,
         quiet=True,

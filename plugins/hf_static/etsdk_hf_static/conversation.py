@@ -37,7 +37,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 from etsdk import GenerationError, GenerationResult, Sampling
 
-from etsdk_hf_static.planning import MethodInputs, Step, check_tokens, full_chunks, plan_prompt
+from etsdk_hf_static.planning import (
+    MethodInputs,
+    Step,
+    check_tokens,
+    context_fixes,
+    does_not_fit,
+    full_chunks,
+    plan_prompt,
+    rows_needed,
+)
 from etsdk_hf_static.sampling import choose, generator_for
 
 if TYPE_CHECKING:
@@ -151,9 +160,13 @@ class Conversation:
         """Continue the conversation with ``prompt_ids`` and generate up to ``max_new_tokens``.
 
         Everything is checked and planned before the first step: token ids, room in
-        the context (``position + pending + len(prompt) + max_new_tokens - 1 <= S``).
-        ``on_token`` receives each token as it is chosen (streaming); the time it takes
-        is not counted in ``decode_tokens_per_s``.
+        the context (:func:`~etsdk_hf_static.planning.rows_needed`: the conversation's
+        tokens + ``len(prompt)`` + ``max_new_tokens`` ``<= S``; the message names the
+        fixes that apply). ``on_token`` receives each token as it is chosen (streaming);
+        the time it takes is not counted in ``decode_tokens_per_s``. An exception raised
+        by ``on_token`` stops the generation between steps (``etsdk chat`` stops a reply
+        on Ctrl-C this way): it propagates, and the tokens chosen so far stay in the
+        conversation, the last one pending, as after a reply of that length.
         """
         meta = self._runner.metadata
         sampling = sampling or Sampling()
@@ -164,12 +177,10 @@ class Conversation:
         feed = self.pending + prompt
         if not feed:
             raise GenerationError("the prompt is empty and the conversation has no pending token")
-        needed = self._position + len(feed) + max_new_tokens - 1
-        if needed > meta.context_length:
-            raise GenerationError(
-                f"{len(prompt)} prompt token(s) plus {max_new_tokens} new token(s) need {needed} cache rows "
-                f"({self._position} already used), but the program's context length S is {meta.context_length}"
-            )
+        used, S = len(self._tokens), meta.context_length
+        if rows_needed(used, len(prompt), max_new_tokens) > S:
+            fixes = context_fixes(used, len(prompt), max_new_tokens, S)
+            raise GenerationError(does_not_fit(used, len(prompt), max_new_tokens, S, fixes))
         steps = plan_prompt(self._position, feed, meta)
         generator = generator_for(sampling)
         started = time.perf_counter()
@@ -238,12 +249,9 @@ class Conversation:
         meta = self._runner.metadata
         ids = check_tokens(prompt_ids, meta.vocab_size)
         self._check_history("prefill")
-        total = len(self._tokens) + len(ids)
-        if total > meta.context_length:
-            raise GenerationError(
-                f"{len(ids)} token(s) after {len(self._tokens)} need {total} cache rows, but the program's "
-                f"context length S is {meta.context_length}"
-            )
+        used, S = len(self._tokens), meta.context_length
+        if rows_needed(used, len(ids), 0) > S:
+            raise GenerationError(does_not_fit(used, len(ids), 0, S, context_fixes(used, len(ids), 0, S)))
         before = self._position
         self._write(full_chunks(self._position, [*self.pending, *ids], meta), ids)
         return self._position - before

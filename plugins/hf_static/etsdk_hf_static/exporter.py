@@ -20,10 +20,17 @@ from etsdk import Contract, ExportError, ExportRequest, MethodSource, check_outp
 from etsdk_hf_static.metadata import CONTRACT_NAME, HfStaticMetadata
 from etsdk_hf_static.module import StaticCausalLM, causal_mask, state_fqns
 
-__all__ = ["DEFAULT_CONTEXT_LENGTH", "DEFAULT_PREFILL_LENGTH", "export", "export_request", "tokenizer_dir"]
+__all__ = ["DEFAULT_CONTEXT_LENGTH", "DEFAULT_PREFILL_LENGTH", "default_sizes", "export", "export_request", "tokenizer_dir"]
 
-DEFAULT_PREFILL_LENGTH = 8
-DEFAULT_CONTEXT_LENGTH = 128
+#: T when none is given (or S, when S is smaller): a chat message with its template (20 to 60 tokens) is one
+#: prefill call, a first message with a system prompt one or two; a short message pads at most 63 rows, and a
+#: context re-prefilled after a shift of ~1000 rows is 16 calls. Each call computes T rows whatever the prompt,
+#: so a larger T costs every short message more; the decode tail (a prompt's last partial chunk that would run
+#: past S) is at most T-1 tokens, only in the last T rows of the context.
+DEFAULT_PREFILL_LENGTH = 64
+#: S when none is given: the model's ``max_position_embeddings``, at most this (the whole window of a long-context
+#: model would make every decode step attend over, and every session allocate, a cache of that many rows).
+DEFAULT_CONTEXT_LENGTH = 2048
 METHODS = ("prefill", "decode")
 
 
@@ -65,6 +72,29 @@ def _eos_ids(model: Any) -> tuple[int, ...]:
             if isinstance(item, int) and item not in found:
                 found.append(item)
     return tuple(found)
+
+
+def default_sizes(config: Any, prefill_length: int | None = None, context_length: int | None = None) -> tuple[int, int, str]:
+    """T and S for a model ``config`` (a transformers text config): the given ones, else the defaults.
+
+    S: the model's ``max_position_embeddings`` capped at :data:`DEFAULT_CONTEXT_LENGTH` (that cap when the
+    config has none); T: :data:`DEFAULT_PREFILL_LENGTH`, or S when S is smaller. Returns ``(T, S, why)``,
+    ``why`` saying where each default came from (empty when both were given).
+    """
+    notes = []
+    if context_length is None:
+        limit = getattr(config, "max_position_embeddings", None)
+        if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
+            context_length = min(limit, DEFAULT_CONTEXT_LENGTH)
+            capped = f", capped at {DEFAULT_CONTEXT_LENGTH}" if limit > DEFAULT_CONTEXT_LENGTH else ""
+            notes.append(f"S from max_position_embeddings {limit}{capped}")
+        else:
+            context_length = DEFAULT_CONTEXT_LENGTH
+            notes.append(f"S default {DEFAULT_CONTEXT_LENGTH} (the model gives no max_position_embeddings)")
+    if prefill_length is None:
+        prefill_length = min(DEFAULT_PREFILL_LENGTH, context_length)
+        notes.append(f"T default {prefill_length}")
+    return prefill_length, context_length, "; ".join(notes)
 
 
 def metadata_for(model: Any, prefill_length: int, context_length: int) -> HfStaticMetadata:
@@ -126,8 +156,8 @@ def export(
     backend: str = "aoti",
     prefill_backend: str | None = None,
     decode_backend: str | None = None,
-    prefill_length: int = DEFAULT_PREFILL_LENGTH,
-    context_length: int = DEFAULT_CONTEXT_LENGTH,
+    prefill_length: int | None = None,
+    context_length: int | None = None,
     external_data: bool = False,
     partitioner_options: Mapping[str, Mapping[str, Any]] | None = None,
     quiet: bool = False,
@@ -136,7 +166,11 @@ def export(
 
     Writes the ``.pte`` (and ``<stem>.ptd`` with ``external_data``), plus the
     tokenizer in ``<stem>.tokenizer/`` when the model directory has one. Backends
-    are ids or short names (``aoti``, ``reference``). Returns the paths written.
+    are ids or short names (``aoti``, ``reference``). ``context_length`` (S)
+    defaults to the model's ``max_position_embeddings`` capped at
+    :data:`DEFAULT_CONTEXT_LENGTH`, ``prefill_length`` (T) to
+    :data:`DEFAULT_PREFILL_LENGTH` or S if smaller (:func:`default_sizes`).
+    Returns the paths written.
     """
     import torch
 
@@ -147,13 +181,15 @@ def export(
         "decode": etsdk.resolve_backend_id(decode_backend or backend),
     }
     loaded, directory = _load_model(model, quiet)
+    prefill_length, context_length, why = default_sizes(loaded.config.get_text_config(), prefill_length, context_length)
     meta = metadata_for(loaded, prefill_length, context_length)
     options: dict[str, dict[str, Any]] = {
         b: dict(o) for b, o in ((etsdk.resolve_backend_id(k), v) for k, v in (partitioner_options or {}).items())
     }
     _say(
         f"{meta.architecture or type(loaded).__name__}: {meta.layers} layers, vocab {meta.vocab_size}, "
-        f"T={meta.prefill_length}, S={meta.context_length}; prefill -> {chosen['prefill']}, decode -> {chosen['decode']}",
+        f"T={meta.prefill_length}, S={meta.context_length}{f' ({why})' if why else ''}; "
+        f"prefill -> {chosen['prefill']}, decode -> {chosen['decode']}",
         quiet,
     )
     with torch.no_grad():
@@ -197,8 +233,8 @@ def export_request(request: ExportRequest) -> list[Path]:
         backend=request.backend,
         prefill_backend=request.method_backends.get("prefill"),
         decode_backend=request.method_backends.get("decode"),
-        prefill_length=request.sizes.get("T", DEFAULT_PREFILL_LENGTH),
-        context_length=request.sizes.get("S", DEFAULT_CONTEXT_LENGTH),
+        prefill_length=request.sizes.get("T"),
+        context_length=request.sizes.get("S"),
         external_data=request.external_data,
         quiet=request.quiet,
         partitioner_options=request.partitioner_options,

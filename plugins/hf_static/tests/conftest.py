@@ -70,10 +70,16 @@ def runner(exported: Callable[..., Path]) -> HfStaticRunner:
     return HfStaticRunner.from_file(exported("llama"))
 
 
+#: the model directory's max_position_embeddings: what `etsdk export` takes for S when none is given. Small, so
+#: that a chat over a program exported with the defaults fills its context in one or two exchanges (the tiny
+#: tokenizer spends one token per character); every explicit S of these tests is at most this.
+MODEL_POSITIONS = 128
+
+
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A transformers model directory (config, weights, tokenizer) written locally: no download."""
-    return save_tiny_model(tmp_path_factory.mktemp("tiny-llama") / "model", "llama", seed=0)
+    return save_tiny_model(tmp_path_factory.mktemp("tiny-llama") / "model", "llama", seed=0, positions=MODEL_POSITIONS)
 
 
 #: context length of the chat program: the tiny chat template spends about 20 character tokens per message
@@ -85,4 +91,21 @@ def chat_pte(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The model directory's Llama through the reference backend, with its tokenizer (and chat template) beside it."""
     path = tmp_path_factory.mktemp("chat") / "chat.pte"
     export(model_dir, path, backend="reference", prefill_length=T, context_length=CHAT_S, quiet=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def default_chat_pte(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``etsdk export --model DIR --backend reference -o chat.pte``: no sizes given, so S = max_position_embeddings
+    (:data:`MODEL_POSITIONS`) and T = the default, as a user's first export."""
+    import subprocess
+    import sys
+
+    path = tmp_path_factory.mktemp("default-chat") / "chat.pte"
+    result = subprocess.run(
+        [sys.executable, "-m", "etsdk", "export", "--model", str(model_dir), "--backend", "reference", "-o", str(path)],
+        capture_output=True, text=True, timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"S={MODEL_POSITIONS} (S from max_position_embeddings {MODEL_POSITIONS}" in result.stderr, result.stderr
     return path

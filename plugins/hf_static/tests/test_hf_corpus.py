@@ -192,7 +192,9 @@ def test_malformed_engine_io_is_refused(runner: HfStaticRunner, case: str, edit:
 
 CALL_CASES: list[tuple[str, Any, dict[str, Any], str]] = [
     ("prompt longer than S", list(range(3, 3 + S + 1)), {}, f"context length S is {S}"),
-    ("prompt plus new tokens past S", [5] * (S - 2), {"max_new_tokens": 4}, f"need {S + 1} cache rows"),
+    ("prompt plus new tokens past S", [5] * (S - 2), {"max_new_tokens": 4},
+     f"{S - 2} prompt token(s) + 4 new token(s) = {S + 2} cache rows, but the program's context length S is {S}; "
+     "to make it fit: fewer new tokens (--max-new-tokens 2) or a program exported with a longer context"),
     ("negative token id", [5, -1], {}, "token 1 is -1, outside the vocabulary"),
     ("token id equal to the vocabulary size", [V], {}, f"token 0 is {V}, outside the vocabulary 0..{V - 1}"),
     ("float token id", [5, 1.5], {}, "token 1 must be an integer id, found 1.5"),
@@ -219,7 +221,7 @@ def test_second_turn_past_the_context_leaves_the_first_intact(runner: HfStaticRu
     conversation = runner.new_conversation()
     conversation.generate([5, 6, 7], max_new_tokens=2, stop_at_eos=False)
     before = {k: t.clone() for k, t in conversation.session.state.items()}
-    with pytest.raises(GenerationError, match=f"{conversation.position} already used"):
+    with pytest.raises(GenerationError, match=rf"^5 row\(s\) in use \+ {S - 4} prompt token\(s\) \+ 2 new token\(s\) = {S + 3} cache rows.*reset\(\)"):
         conversation.generate([8] * (S - 4), max_new_tokens=2)
     assert conversation.position == 4
     assert all(torch.equal(before[k], t) for k, t in conversation.session.state.items())
