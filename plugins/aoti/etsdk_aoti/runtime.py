@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 from etsdk import BackendUnavailableError, BlobFormatError, ProgramError
-from etsdk.backend import InitContext, dtype_name, torch_dtype
+from etsdk.backend import InitContext, dtype_name, readonly_tensor, torch_dtype
 
 from etsdk_aoti import BACKEND_ID, blob_format, weights
 from etsdk_aoti.blob_format import AotiBlob, Source
@@ -134,6 +134,8 @@ class AotiBinding:
                     f"etsdk-aoti weights '{entry.key}' are {buffer.nbytes} bytes, expected "
                     f"{entry.nbytes} (truncated or from another export)"
                 )
+            if device == "cpu":  # read the mapped file in while the caller goes on (tokenizer, first prompt)
+                weights.prefetch(readonly_tensor(buffer, torch.uint8))
         pairs: list[tuple[str, Any]] = []
         missing: list[str] = []
         for constant in blob.constants:

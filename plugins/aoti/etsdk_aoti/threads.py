@@ -42,7 +42,6 @@ _SLOW = 1.5  # a call this much slower than its recent ones re-checks one thread
 _SHORT = 0.5  # idle cores this much fewer than the team: one thread
 _ENOUGH = 0.3  # ... at most this much fewer: all threads again
 _WINDOW = 0.1  # seconds: the shortest window other processes' load is measured over (/proc/stat counts in ticks)
-_STALE = 1.0  # seconds: a longer window (no library ran) says little about now: unknown until a fresh one
 
 
 def _cpu_times(cpus: frozenset[int]) -> tuple[int, int] | None:
@@ -98,11 +97,10 @@ class _OtherLoad:
         now = self._now()
         if now is None:
             return
-        if now[3] - self.mark[3] > _STALE:
-            # an idle spell: what other processes did during it (a compile that has ended) is not what they do
-            # now. Unknown (the caller's team) until the next window.
-            self.cores, self.mark = None, now
-            return
+        # A window spanning an idle spell (the user typing between two turns, a fresh process loading) is still
+        # measured: what other processes did over the last seconds is the best guess for the call about to run.
+        # Treating it as unknown ran every first prefill of a turn with the whole team, and under contention a
+        # 64-token prefill of a 135M model took 7-10 s instead of 2 (benchmarks/README.md, first_token).
         busy, total = now[0] - self.mark[0], now[1] - self.mark[1]
         ours = (now[2] - self.mark[2]) * self.hz
         per_core = total / len(self.cpus)
@@ -200,7 +198,7 @@ class TeamSize:
         if self.load is not None and self.load.available:
             self.load.update()
             others = self.load.cores
-            if others is None:  # not measured yet, or not since an idle spell: the caller's team
+            if others is None:  # not measured yet (the first window is still open): the caller's team
                 self.best = "all"
             else:
                 short = team - (len(self.load.cpus) - others)  # threads of the team without an idle core

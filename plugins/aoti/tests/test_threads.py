@@ -113,17 +113,22 @@ def test_the_team_size_reaches_torch_itself(two_threads) -> None:
     assert seen == [1] and torch.get_num_threads() == 2
 
 
-def test_after_an_idle_spell_the_load_is_unknown_until_a_fresh_window(monkeypatch, two_threads) -> None:
-    """A window spanning an idle spell mixes in load that has ended: the team is the caller's until measured again."""
+@pytest.mark.parametrize(("others_busy", "expected"), [(1.0, "one"), (0.0, "all")])
+def test_a_window_spanning_an_idle_spell_is_measured(monkeypatch, two_threads, others_busy, expected) -> None:
+    """The first call after an idle spell (a fresh process, a new turn) follows what others did during the spell:
+    treating it as unknown ran every first prefill of a turn with the whole team, under contention too."""
     load = threads._OtherLoad()
     if not load.available:
         pytest.skip("no /proc/stat")
+    load.cpus, load.hz = frozenset({0, 1}), 100
+    load.mark = (0, 0, 0.0, 0.0)
+    # 10 s later: 2 cores x 1000 ticks, of which others kept `others_busy` cores busy and we used 0.5 s of CPU
+    busy = int(others_busy * 1000) + 50
+    monkeypatch.setattr(load, "_now", lambda: (busy, 2000, 0.5, 10.0))
+    monkeypatch.setattr(threads.time, "monotonic", lambda: 10.0)
     team = _team(load)  # type: ignore[arg-type]
-    team.best, load.cores = "one", 1.0  # contention was measured a while ago
-    later = load.mark[3] + threads._STALE + 5
-    monkeypatch.setattr(threads.time, "monotonic", lambda: later)
     team.run(lambda: None)
-    assert load.cores is None and list(team.history) == ["all"] and load.mark[3] == later
+    assert load.cores == pytest.approx(others_busy) and list(team.history) == [expected] and load.mark[3] == 10.0
 
 
 def test_every_library_shares_one_load_signal() -> None:

@@ -128,7 +128,12 @@ def open_runner(program_path: str, data: str | None) -> TextRunner:
     """Load ``program_path`` and the runner registered for the contract it embeds (a text-generating one)."""
     from etsdk import data_beside, get_runner, load
 
+    from etsdk_hf_static.startup import mark, say_loading
+
+    mark("start")
+    say_loading(program_path)
     program = load(program_path, data=data if data is not None else data_beside(program_path))
+    mark("program")
     contract = program.contract
     if contract is None:
         raise EtsdkError(f"{program_path} embeds no contract; etsdk needs a program exported for one to run it")
@@ -162,6 +167,9 @@ def run_generate(args: argparse.Namespace) -> int:
         raise EtsdkError("--system needs --chat")
     else:
         prompt_ids = given_ids if given_ids is not None else runner.encode(args.prompt)
+    from etsdk_hf_static.startup import mark
+
+    mark("prompt")
     streamed: list[int] = []
     shown = ""
 
@@ -169,6 +177,8 @@ def run_generate(args: argparse.Namespace) -> int:
         # decode everything so far: a token may only complete a character together with the next one
         nonlocal shown
         streamed.append(token)
+        if len(streamed) == 1:
+            mark("first_token")
         if not args.json:
             text = runner.decode_text(streamed)
             print(text[len(shown):] if text.startswith(shown) else f" {token}", end="", flush=True)

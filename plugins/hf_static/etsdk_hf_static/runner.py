@@ -97,9 +97,13 @@ class HfStaticRunner:
     """
 
     def __init__(self, program: Program, *, tokenizer: Any = None) -> None:
+        from etsdk_hf_static.startup import mark
+
+        mark("tokenizer")  # from_program loaded it before it made the runner
         self.program = program
         self.metadata = check_program(program.contract, {m: program.method_info(m) for m in program.methods})
         self._methods = {method: program.load_method(method) for method in ("prefill", "decode")}
+        mark("methods")
         self._tokenizer = tokenizer
         self._default: Conversation | None = None
         self._lock = threading.Lock()

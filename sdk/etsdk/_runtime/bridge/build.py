@@ -143,6 +143,61 @@ def build(*, force: bool = False, verbose: bool = False) -> Path:
     return target
 
 
+_PYBINDINGS = "executorch.extension.pybindings.portable_lib"
+_EXIR = "executorch.exir"
+_WARNINGS = "executorch.exir._warnings"
+
+
+def import_pybindings() -> None:
+    """Import ExecuTorch's pybindings without running ``executorch.exir``'s package ``__init__``.
+
+    ``portable_lib`` needs only ``executorch.exir._warnings`` (a warning class), but importing it runs
+    ``executorch/exir/__init__.py``, which imports the whole export stack (torch._dynamo, Inductor's pattern
+    matcher, the edge dialect's operator YAML): 3.5 s of a 6 s program load on 2 cores, 15 s under load
+    (benchmarks/README.md, first_token). Where ``executorch.exir`` is not imported yet, ``_warnings`` is loaded
+    under a bare package module standing in for ``executorch.exir`` while the pybindings import, with the import
+    lock held (no other thread imports meanwhile); afterwards the stand-in and ``_warnings`` are removed from
+    ``sys.modules`` again, so a later ``import executorch.exir`` (an export in the same process) runs the real
+    package as it always did. Where ExecuTorch's layout is not what this expects, it imports normally.
+    """
+    if _PYBINDINGS in sys.modules:
+        return
+    try:
+        import _imp
+        import types
+
+        if _EXIR in sys.modules:
+            raise LookupError
+        spec = importlib.util.find_spec(_EXIR)  # imports the namespace package `executorch`, not exir itself
+        locations = list(spec.submodule_search_locations or ()) if spec is not None else []
+        if not any(os.path.isfile(os.path.join(location, "_warnings.py")) for location in locations):
+            raise LookupError
+    except (ImportError, LookupError, ValueError):
+        importlib.import_module(_PYBINDINGS)
+        return
+    stand_in = types.ModuleType(_EXIR, "stands in for executorch.exir while ExecuTorch's pybindings import")
+    stand_in.__path__ = locations
+    _imp.acquire_lock()  # re-entrant: this thread's own imports below go on; other threads' wait
+    try:
+        if _EXIR in sys.modules:  # imported by another thread meanwhile
+            stand_in = None
+        else:
+            sys.modules[_EXIR] = stand_in
+        try:
+            importlib.import_module(_PYBINDINGS)
+        finally:
+            if stand_in is not None:
+                if sys.modules.get(_EXIR) is stand_in:
+                    del sys.modules[_EXIR]
+                if getattr(sys.modules.get(_WARNINGS), "__name__", None) == _WARNINGS and _EXIR not in sys.modules:
+                    del sys.modules[_WARNINGS]
+                namespace = sys.modules.get("executorch")
+                if getattr(namespace, "exir", None) is stand_in:
+                    delattr(namespace, "exir")
+    finally:
+        _imp.release_lock()
+
+
 def load_extension() -> ModuleType:
     """Build if needed and import the native bridge (once per process)."""
     global _module
@@ -153,7 +208,7 @@ def load_extension() -> ModuleType:
             path = build()
             # The pybindings must be loaded first: they bring the kernels and the
             # backends the wheel registers, in the same libexecutorch.so.
-            import executorch.extension.pybindings.portable_lib  # noqa: F401
+            import_pybindings()
 
             loader = importlib.machinery.ExtensionFileLoader(_MODULE_NAME, str(path))
             spec = importlib.util.spec_from_file_location(_MODULE_NAME, path, loader=loader)
