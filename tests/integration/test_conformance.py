@@ -133,3 +133,60 @@ def test_conformance_without_pytest_is_one_line_naming_the_extra(tmp_path: Path)
     lines = result.stderr.splitlines()
     assert lines == ["etsdk: error: the conformance kit needs pytest: pip install 'etsdk[conformance]'"], result.stderr
     assert "Traceback" not in result.stderr and result.stdout == ""
+
+
+PARTIAL = """
+    from etsdk import BackendSpec, hookimpl
+    from etsdk.backend import Capability, OperatorPartitioner
+    from etsdk.reference_backend.runtime import ReferenceBinding
+    from etsdk.reference_backend.serializer import preprocess
+
+    ETSDK_PLUGIN_API = ">=2,<3"
+
+    # The linear layers (as edge lowers them) and the cache write, not the attention reading the cache:
+    # "all_or_none" leaves the cache's operators to the next backend of the method.
+    LINEAR_AND_CACHE_WRITE = ["aten::linear", "aten::addmm", "aten::index_put"]
+
+
+    @hookimpl
+    def etsdk_register_backends():
+        return [BackendSpec(
+            id="EtsdkPartialLinear", version="0",
+            partitioner=lambda **options: OperatorPartitioner(
+                "EtsdkPartialLinear", ops=LINEAR_AND_CACHE_WRITE, state_claims="all_or_none"),
+            preprocess=preprocess, runtime=ReferenceBinding,
+            capabilities=frozenset({Capability.CPU, Capability.CALLER_OWNED_STATE}),
+        )]
+"""
+
+
+def test_a_partial_backend_passes_with_a_companion(tmp_path: Path) -> None:
+    """A backend claiming only linear layers and a cache write passes every behaviour that applies when the
+    reference backend computes the rest; each skipped behaviour says why; without the companion it fails."""
+    site = PluginSite(tmp_path / "site")
+    site.add("partial-backend", PARTIAL, plugin="partial")
+    run = tmp_path / "run"
+    run.mkdir()
+    report = tmp_path / "report.json"
+    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--etsdk-report", str(report),
+            "--etsdk-backend", "EtsdkPartialLinear", "--etsdk-companion", "EtsdkReferenceBackend",
+            "-k", "not mutated_payloads"]
+    result = subprocess.run(args, cwd=run, capture_output=True, text=True, env=site.env())
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-3000:]
+    parsed = json.loads(report.read_text())
+    assert parsed["companion"] == "EtsdkReferenceBackend"
+    results = parsed["results"]
+    outcomes = {r["test"]: r["outcome"] for r in results}
+    assert not [t for t, o in outcomes.items() if o == "failed"], results
+    for test in ("test_exports_and_runs_like_eager", "test_user_outputs_land_in_their_slots",
+                 "test_state_updated_in_place", "test_repeated_calls_accumulate_state",
+                 "test_aliased_output_beside_user_outputs", "test_bad_inputs_refused_before_execution"):
+        assert outcomes.get(test) == "passed", (test, results)
+    for r in results:
+        if r["outcome"] == "skipped":
+            assert r["message"], r  # a skip says why
+    assert "EtsdkPartialLinear  passed   export and run vs eager" in result.stdout
+
+    alone = [*args[:args.index("--etsdk-companion")], "-k", "repeated_calls"]
+    result = subprocess.run(alone, cwd=run, capture_output=True, text=True, env=site.env())
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]

@@ -90,7 +90,8 @@ def _cmd_conformance(args: argparse.Namespace) -> int:
             options[key] = json.loads(value)
         except json.JSONDecodeError:
             options[key] = value
-    code = run(args.backend, options=options, report=args.report, extra_args=["-k", args.k] if args.k else ())
+    extra = ["-k", args.k] if args.k else []
+    code = run(args.backend, options=options, report=args.report, extra_args=extra, companion=args.companion)
     return 0 if code == 0 else 1
 
 
@@ -161,6 +162,10 @@ def build_parser(*, plugin_commands: bool = True) -> argparse.ArgumentParser:
     conformance.add_argument("backend", nargs="+", help="backend ids or short names")
     conformance.add_argument("--option", action="append", default=[], help="partitioner option key=value (JSON value)")
     conformance.add_argument("--report", default=None, help="write the JSON report here")
+    conformance.add_argument(
+        "--companion", default=None, metavar="ID",
+        help="a backend lowered after the one under test in every export, computing what it does not claim",
+    )
     conformance.add_argument("-k", default=None, help="only behaviours whose test names match (pytest -k)")
     conformance.set_defaults(func=_cmd_conformance)
     verify = sub.add_parser("verify", help="check a program and its data file: structure, content hashes, methods")

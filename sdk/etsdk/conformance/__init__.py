@@ -1,6 +1,8 @@
 """The conformance kit: the behaviour every etsdk backend must show, checked against any installed backend.
 
-* ``etsdk conformance BACKEND_ID [--report PATH] [--option key=value]`` runs it from the command line;
+* ``etsdk conformance BACKEND_ID [--report PATH] [--option key=value] [--companion ID]`` runs it from the
+  command line (``--companion``: a backend lowered after the one under test in every export, computing what a
+  partial backend does not claim);
 * ``pytest --etsdk-backend BACKEND_ID`` runs it through pytest (the ``pytest11`` plugin
   :mod:`etsdk.conformance.pytest_plugin` ships with etsdk);
 * a plugin's own test suite imports :mod:`etsdk.conformance.suite` and overrides the ``etsdk_backend_id``
@@ -43,9 +45,11 @@ def _import_pytest() -> Any:
 
 def run(
     backend_ids: Sequence[str], *, options: Mapping[str, Any] | None = None, report: str | Path | None = None,
-    extra_args: Sequence[str] = (),
+    extra_args: Sequence[str] = (), companion: str | None = None,
 ) -> int:
     """Run the kit in this process through pytest; returns pytest's exit code.
+
+    ``companion``: a backend id every export lowers with after the backend under test (``--etsdk-companion``).
 
     Raises :class:`etsdk.EtsdkError` when pytest cannot be imported (``pip install 'etsdk[conformance]'``).
     """
@@ -63,6 +67,8 @@ def run(
         args += ["--etsdk-backend", backend]
     for key, value in (options or {}).items():
         args += ["--etsdk-backend-option", f"{key}={json.dumps(value)}"]
+    if companion is not None:
+        args += ["--etsdk-companion", companion]
     if report is not None:
         args += ["--etsdk-report", str(report)]
     return int(pytest.main([*args, *extra_args]))

@@ -2,7 +2,10 @@
 
 A :class:`Kit` is one backend under test: its spec, the partitioner options to
 use, a directory for programs, and memoized exports (AOTInductor-style backends
-compile at export, so every behaviour reuses the same few programs).
+compile at export, so every behaviour reuses the same few programs). With a
+*companion* backend, every export lowers with ``(backend under test, companion)``
+in that order: the backend under test claims what it claims first and the
+companion computes the rest, so a partial backend is checked on its operators.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ class Kit:
     backend_id: str
     options: dict[str, Any]
     workdir: Path
+    companion: str | None = None
     _cache: dict[str, Exported] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ the backend
@@ -58,6 +62,12 @@ class Kit:
         return self.spec.runtime()
 
     # ------------------------------------------------------------------ exports
+
+    def with_companion(self, backends: tuple[str, ...]) -> tuple[str, ...]:
+        """``backends`` with the companion appended (last: it computes what the others leave), if there is one."""
+        if self.companion is None or self.companion in backends:
+            return tuple(backends)
+        return (*backends, self.companion)
 
     def _options(self, backends: tuple[str, ...], reference_ops: list[str] | None) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
@@ -82,6 +92,8 @@ class Kit:
         return found
 
     def one_method(self, name: str, module: Any, example: tuple[Any, ...], backends: tuple[str, ...], reference_ops: list[str] | None = None) -> Exported:
+        backends = self.with_companion(backends)
+
         def build() -> dict[str, Any]:
             return {"forward": etsdk.MethodSource(module, example, backends, self._options(backends, reference_ops))}
 
@@ -100,8 +112,9 @@ class Kit:
                 import torch
 
                 example = (torch.zeros(1, rows, dtype=torch.long), torch.arange(rows))
-                options = self._options((backend,), None)
-                out[method] = etsdk.MethodSource(model, example, (backend,), options, state=state)
+                backends = self.with_companion((backend,))
+                options = self._options(backends, None)
+                out[method] = etsdk.MethodSource(model, example, backends, options, state=state)
             return out
 
         exported = self.export(f"toy-{prefill}-{decode}", build, contract=kv_decoder_contract(model, PREFILL))
@@ -121,13 +134,11 @@ class Kit:
         model = CachePair().eval()
         contract = etsdk.Contract.from_bytes(PAIR_CONTRACT.read_bytes()).bind(S=S, D=D)
 
+        backends = self.with_companion((self.backend_id,))
+
         def build() -> dict[str, Any]:
             example = (torch.randn(1, D), torch.tensor([0]))
-            return {
-                "step": etsdk.MethodSource(
-                    model, example, (self.backend_id,), self._options((self.backend_id,), None), state={"k": "k"}
-                )
-            }
+            return {"step": etsdk.MethodSource(model, example, backends, self._options(backends, None), state={"k": "k"})}
 
         exported = self.export("pair", build, contract=contract)
         eager = copy.deepcopy(model)

@@ -1,9 +1,11 @@
 """pytest plugin of the conformance kit (entry point ``pytest11``): options, parametrization, the report.
 
-``pytest --etsdk-backend ID [--etsdk-backend ID2] [--etsdk-backend-option key=value] [--etsdk-report PATH]``
-runs the kit against each backend; with no test paths given it collects only the kit. The report (one entry
-per behaviour and backend: passed / failed / skipped with the message) is printed at the end as one JSON line
-and written to ``--etsdk-report`` when given. Importing this module is cheap (no torch).
+``pytest --etsdk-backend ID [--etsdk-backend ID2] [--etsdk-backend-option key=value] [--etsdk-companion ID]
+[--etsdk-report PATH]`` runs the kit against each backend; with no test paths given it collects only the kit.
+``--etsdk-companion ID`` lowers every export with ``(backend under test, ID)``: the companion computes what a
+partial backend does not claim. The report (one entry per behaviour and backend: passed / failed / skipped
+with the message, a skip's reason included) is printed at the end as one JSON line and written to
+``--etsdk-report`` when given. Importing this module is cheap (no torch).
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--etsdk-backend-option", action="append", default=[], metavar="KEY=VALUE",
         help="a partitioner option for the backend under test (value parsed as JSON when it can be)",
+    )
+    group.addoption(
+        "--etsdk-companion", default=None, metavar="ID",
+        help="a backend that computes what the backend under test does not claim (lowered after it in every export)",
     )
     group.addoption("--etsdk-report", default=None, help="write the kit's JSON report here")
 
@@ -65,6 +71,17 @@ def etsdk_backend_options(pytestconfig: pytest.Config) -> dict[str, Any]:
     return options
 
 
+@pytest.fixture(scope="session")
+def etsdk_companion(pytestconfig: pytest.Config) -> str | None:
+    """The companion backend (``--etsdk-companion ID``), or None: the backend under test exports alone."""
+    companion = pytestconfig.getoption("etsdk_companion")
+    if not companion:
+        return None
+    from etsdk._plugins.registry import resolve_backend_id
+
+    return str(resolve_backend_id(companion))
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Any:
     outcome = yield
@@ -102,7 +119,10 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     for r in results:
         suffix = f": {r['message']}" if r["message"] else ""
         terminalreporter.write_line(f"{r['backend']}  {r['outcome']:<7}  {r['behaviour']}{suffix}")
-    report = {"format": "etsdk.conformance", "version": 1, "results": results}
+    report: dict[str, Any] = {"format": "etsdk.conformance", "version": 1, "results": results}
+    companion = config.getoption("etsdk_companion")
+    if companion:
+        report["companion"] = companion
     path = config.getoption("etsdk_report")
     if path:
         Path(path).write_text(json.dumps(report, indent=2))

@@ -11,8 +11,11 @@ suite, import this module's tests and name the backend::
     def etsdk_backend_id() -> str:
         return "MyBackend"
 
-Each test's first docstring line names the behaviour; a failure message starts with it. Behaviours that need
-a capability the backend does not declare (``Capability.CALLER_OWNED_STATE``) are skipped with that reason.
+Each test's first docstring line names the behaviour; a failure message starts with it. Behaviours that do
+not apply are skipped with the reason: a capability the backend does not declare
+(``Capability.CALLER_OWNED_STATE``), a behaviour that needs a second backend when the one under test is the
+reference backend itself, or, with a companion backend (``--etsdk-companion ID``, the ``etsdk_companion``
+fixture), a model of which the backend under test claims no operator.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ __all__ = [
     "kit",
     "test_aliased_output_beside_user_outputs",
     "test_bad_inputs_refused_before_execution",
+    "test_bad_inputs_with_state_leave_it_unchanged",
     "test_exports_and_runs_like_eager",
     "test_fresh_load_starts_from_initial_state",
     "test_mutated_payloads_never_crash",
@@ -50,16 +54,37 @@ STEPS = [3, 9, 1, 7, 4]
 
 
 @pytest.fixture(scope="session")
-def kit(etsdk_backend_id: str, etsdk_backend_options: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Kit:
+def kit(
+    etsdk_backend_id: str, etsdk_backend_options: dict[str, Any], tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
+) -> Kit:
     try:
         etsdk.get_backend(etsdk_backend_id)
     except etsdk.EtsdkError as exc:
         pytest.fail(f"backend under test: {exc}")
-    made = Kit(etsdk_backend_id, dict(etsdk_backend_options), tmp_path_factory.mktemp(f"kit-{etsdk_backend_id}"))
+    companion = _companion(request)
+    if companion is not None:
+        try:
+            etsdk.get_backend(companion)
+        except etsdk.EtsdkError as exc:
+            pytest.fail(f"companion backend: {exc}")
+        if companion == etsdk_backend_id:
+            pytest.fail(f"companion backend: {companion} is the backend under test; name another backend")
+    workdir = tmp_path_factory.mktemp(f"kit-{etsdk_backend_id}")
+    made = Kit(etsdk_backend_id, dict(etsdk_backend_options), workdir, companion=companion)
     reason = made.unavailable_reason()
     if reason is not None:
         pytest.skip(f"backend {etsdk_backend_id} cannot run here: {reason}")
     return made
+
+
+def _companion(request: pytest.FixtureRequest) -> str | None:
+    """The ``etsdk_companion`` fixture's value (``--etsdk-companion``), or None where it is not defined."""
+    try:
+        value = request.getfixturevalue("etsdk_companion")
+    except pytest.FixtureLookupError:
+        return None
+    return str(value) if value else None
 
 
 def _stateful(kit: Kit) -> None:
@@ -68,10 +93,26 @@ def _stateful(kit: Kit) -> None:
 
 
 def _claims(kit: Kit, program: etsdk.Program, method: str, behaviour: str) -> None:
+    if kit.companion is not None and kit.backend_id not in program.delegates(method):
+        pytest.skip(
+            f"{kit.backend_id} claims no operator of this model (method '{method}'; the companion "
+            f"{kit.companion} computed it all)"
+        )
     assert kit.backend_id in program.delegates(method), (
         f"{behaviour}: {kit.backend_id} claimed no operator of the kit's model in method '{method}' "
         f"(delegates: {list(program.delegates(method))})"
     )
+
+
+def _claims_any(kit: Kit, program: etsdk.Program) -> None:
+    """With a companion, skip unless the backend under test claimed something in some method of ``program``
+    (else the behaviour would pass on the companion alone)."""
+    if kit.companion is None:
+        return
+    if not any(kit.backend_id in program.delegates(method) for method in program.methods):
+        pytest.skip(
+            f"{kit.backend_id} claims no operator of this model (the companion {kit.companion} computed it all)"
+        )
 
 
 def _close(got: torch.Tensor, want: torch.Tensor, behaviour: str) -> None:
@@ -187,6 +228,7 @@ def test_repeated_calls_accumulate_state(kit: Kit) -> None:
     _stateful(kit)
     exported, eager = kit.toy(kit.backend_id, kit.backend_id)
     program = etsdk.load(exported.path)
+    _claims_any(kit, program)
     for step, (got, want) in enumerate(zip(_toy_steps(program, program.new_session()), _eager_steps(eager))):
         _close(got, want, f"repeated calls accumulate state (step {step})")
 
@@ -196,6 +238,7 @@ def test_fresh_load_starts_from_initial_state(kit: Kit) -> None:
     _stateful(kit)
     exported, _ = kit.toy(kit.backend_id, kit.backend_id)
     first = etsdk.load(exported.path)
+    _claims_any(kit, first)
     outs = _toy_steps(first, first.new_session())
     again = etsdk.load(exported.path)
     session = again.new_session()
@@ -209,6 +252,7 @@ def test_sessions_are_isolated(kit: Kit) -> None:
     _stateful(kit)
     exported, _ = kit.toy(kit.backend_id, kit.backend_id)
     program = etsdk.load(exported.path)
+    _claims_any(kit, program)
     alone = _toy_steps(program, program.new_session())
     one, two = program.new_session(), program.new_session()
     prompt = torch.tensor([[2, 7, 1, 8]])
@@ -232,6 +276,7 @@ def test_state_shared_across_methods_and_backends(kit: Kit) -> None:
     for prefill, decode in ((REFERENCE, kit.backend_id), (kit.backend_id, REFERENCE)):
         exported, eager = kit.toy(prefill, decode)
         program = etsdk.load(exported.path)
+        _claims_any(kit, program)
         outs = _toy_steps(program, program.new_session())
         for step, (got, want) in enumerate(zip(outs, _eager_steps(eager))):
             _close(got, want, f"one cache shared across methods and backends (prefill {prefill}, decode {decode}, step {step})")
@@ -242,6 +287,7 @@ def test_persistence_check(kit: Kit) -> None:
     _stateful(kit)
     exported, _ = kit.toy(kit.backend_id, kit.backend_id)
     program = etsdk.load(exported.path)
+    _claims_any(kit, program)
     fresh = program.run("decode", torch.tensor([[6]]), torch.tensor([1]), session=program.new_session())[0]
     session = program.new_session()
     program.run("decode", torch.tensor([[4]]), torch.tensor([0]), session=session)
@@ -280,6 +326,8 @@ def _mlp_delegate(kit: Kit) -> Any:
 
     exported = kit.one_method("mlp", Mlp().eval(), (torch.randn(3, 8),), (kit.backend_id,))
     delegates = exported.of(kit.backend_id)
+    if kit.companion is not None and not delegates:
+        pytest.skip(f"{kit.backend_id} claims no operator of this model (the kit's MLP)")
     assert delegates, f"{kit.backend_id} claimed no operator of the kit's MLP"
     return delegates[0]
 
@@ -306,34 +354,64 @@ def test_unknown_required_feature_refused(kit: Kit) -> None:
     pytest.fail("refusal of an unknown required feature: init accepted a blob requiring a feature it cannot know")
 
 
-def test_bad_inputs_refused_before_execution(kit: Kit) -> None:
+class _CountExecutes:
+    """Counts every delegate execution in this process while installed (any backend, any method)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from etsdk._runtime.bridge import _Stateless, _StatePush
+
+        self.calls = 0
+        for cls in (_Stateless, _StatePush):
+            inner = cls.execute
+
+            def counted(handle: Any, args: tuple[Any, ...], _inner: Any = inner) -> None:
+                self.calls += 1
+                _inner(handle, args)
+
+            monkeypatch.setattr(cls, "execute", counted)
+
+
+def test_bad_inputs_refused_before_execution(kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
     """bad inputs: refused before execution"""
     from etsdk.conformance.models import Mlp
 
-    program = etsdk.load(kit.one_method("mlp", Mlp().eval(), (torch.randn(3, 8),), (kit.backend_id,)).path)
+    exported = kit.one_method("mlp", Mlp().eval(), (torch.randn(3, 8),), (kit.backend_id,))
+    executes = _CountExecutes(monkeypatch)  # before the load: the runtime keeps each delegate's execute
+    program = etsdk.load(exported.path)
+    _claims(kit, program, "forward", "bad inputs")
     bad = {
         "wrong dtype": (torch.zeros(3, 8, dtype=torch.int64),),
         "wrong shape": (torch.zeros(4, 8),),
         "missing input": (),
+        "input too many": (torch.zeros(3, 8), torch.zeros(3, 8)),
         "not a tensor": ("x",),
     }
     for what, inputs in bad.items():
         try:
             program.run("forward", *inputs)
-        except etsdk.EtsdkError:
+        except etsdk.ProgramError:
+            assert executes.calls == 0, f"bad inputs: a call with a {what} was refused, but only after a delegate ran"
             continue
+        except etsdk.EtsdkError as exc:
+            pytest.fail(f"bad inputs: a call with a {what} was refused by the backend, not before execution: {exc}")
         pytest.fail(f"bad inputs: a call with a {what} ran instead of being refused")
     _close(program.run("forward", torch.ones(3, 8))[0], Mlp().eval()(torch.ones(3, 8)), "bad inputs: the method still works after refusals")
-    if kit.has(Capability.CALLER_OWNED_STATE):
-        exported, _ = kit.toy(kit.backend_id, kit.backend_id)
-        stateful = etsdk.load(exported.path)
-        session = stateful.new_session()
-        try:
-            stateful.run("decode", torch.zeros(1, 1), torch.tensor([0]), session=session)  # float tokens
-            pytest.fail("bad inputs: float tokens were not refused")
-        except etsdk.EtsdkError:
-            pass
-        assert all(bool((t == 0).all()) for t in session.state.values()), "bad inputs: a refused call changed the state"
+    assert executes.calls > 0, "bad inputs: the good call ran no delegate (the kit could not watch execution)"
+
+
+def test_bad_inputs_with_state_leave_it_unchanged(kit: Kit) -> None:
+    """bad inputs with state: refused, the session's state unchanged"""
+    _stateful(kit)
+    exported, _ = kit.toy(kit.backend_id, kit.backend_id)
+    stateful = etsdk.load(exported.path)
+    _claims_any(kit, stateful)
+    session = stateful.new_session()
+    try:
+        stateful.run("decode", torch.zeros(1, 1), torch.tensor([0]), session=session)  # float tokens
+        pytest.fail("bad inputs with state: float tokens were not refused")
+    except etsdk.EtsdkError:
+        pass
+    assert all(bool((t == 0).all()) for t in session.state.values()), "bad inputs with state: a refused call changed the state"
 
 
 def test_mutated_payloads_never_crash(kit: Kit, tmp_path: Path) -> None:
