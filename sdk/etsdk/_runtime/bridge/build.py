@@ -179,14 +179,13 @@ def import_pybindings() -> None:
     stand_in.__path__ = locations
     _imp.acquire_lock()  # re-entrant: this thread's own imports below go on; other threads' wait
     try:
-        if _EXIR in sys.modules:  # imported by another thread meanwhile
-            stand_in = None
-        else:
+        installed = _EXIR not in sys.modules  # False: imported by another thread meanwhile
+        if installed:
             sys.modules[_EXIR] = stand_in
         try:
             importlib.import_module(_PYBINDINGS)
         finally:
-            if stand_in is not None:
+            if installed:
                 if sys.modules.get(_EXIR) is stand_in:
                     del sys.modules[_EXIR]
                 if getattr(sys.modules.get(_WARNINGS), "__name__", None) == _WARNINGS and _EXIR not in sys.modules:
