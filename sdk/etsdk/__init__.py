@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from etsdk._export.output import Lowered, check_output_path
     from etsdk._runtime.bridge import InitContext, NamedData
     from etsdk._runtime.program import Method, MethodInfo, Program, TensorInfo, data_beside, load
+    from etsdk._runtime.record import read_contract
     from etsdk._runtime.verification import VerifyReport, verify
     from etsdk._state.session import Session, StateView
     from etsdk._state.snapshot import Snapshot
@@ -81,6 +82,7 @@ _LAZY = {
     "Program": "etsdk._runtime.program",
     "TensorInfo": "etsdk._runtime.program",
     "load": "etsdk._runtime.program",
+    "read_contract": "etsdk._runtime.record",
 }
 
 
@@ -158,6 +160,7 @@ __all__ = [
     "load",
     "lower",
     "quiet_command_line",
+    "read_contract",
     "register_contracts",
     "register_plugin",
     "reset_registry",

@@ -22,9 +22,17 @@ def test_llm_main_job(tmp_path: Path) -> None:
     assert "matches transformers' eager generate" in result.stdout
     assert "decode" in result.stdout and "tokens/s" in result.stdout
     assert "compiling" in result.stderr  # export progress
-    # quiet: only etsdk's own lines (issue 15), no torchao / torch logging / warnings / progress bars
-    foreign = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith("etsdk")]
+    assert re.search(r"^\[\d+ prompt tokens, \d+ generated .*prefill", result.stderr, re.M)  # generate's statistics line
+    # quiet: only etsdk's own lines (issue 15; generate's statistics line is etsdk's), no torchao / torch logging /
+    # warnings / progress bars
+    foreign = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith(("etsdk", "["))]
     assert not foreign, "\n".join(foreign[:10])
     noise = re.compile(r"Warning|^[WEI]\d{4} |Failed to load|it/s\]")
     assert not [line for line in result.stdout.splitlines() if noise.search(line)], result.stdout
     assert (tmp_path / "tiny-llama.pte").is_file() and (tmp_path / "tiny-llama.tokenizer").is_dir()
+    # the ending: where the files are (they stay), why the text is random, what to run next
+    ending = result.stdout.split("== the demo kept its files", 1)[1]
+    assert f"model directory: {tmp_path / 'tiny-llama'}" in ending and f"program:         {tmp_path / 'tiny-llama.pte'}" in ending
+    assert "random because the model's weights are" in ending
+    assert f"etsdk chat {tmp_path / 'tiny-llama.pte'}" in ending
+    assert f"etsdk generate {tmp_path / 'tiny-llama.pte'} --prompt" in ending

@@ -167,6 +167,23 @@ def test_version_and_core_commands_do_not_read_plugin_commands(site: PluginSite)
     assert "PLUGINS []" in lines
 
 
+def test_an_unknown_argument_shows_the_usage_of_its_command(site: PluginSite) -> None:
+    """argparse's parse_args reports unknown arguments with the top-level usage; etsdk uses the command's own."""
+    site.add("hello-dist", hello(), plugin="hello")
+    plugin = site.run_etsdk(["hello", "world", "--top-kk", "40"])
+    assert plugin.returncode == 2 and plugin.stdout == ""
+    assert plugin.stderr.startswith("usage: etsdk hello [-h] [--status STATUS]"), plugin.stderr
+    assert plugin.stderr.endswith("etsdk hello: error: unrecognized arguments: --top-kk 40\n")
+    core = site.run_etsdk(["verify", "x.pte", "--bogus"])
+    assert core.returncode == 2 and core.stderr.startswith("usage: etsdk verify ")
+    assert core.stderr.endswith("etsdk verify: error: unrecognized arguments: --bogus\n")
+    top = site.run_etsdk(["--bogus", "plugins"])  # before the command word: the top level's
+    assert top.returncode == 2 and top.stderr.startswith("usage: etsdk [-h]")
+    assert top.stderr.endswith("etsdk: error: unrecognized arguments: --bogus\n")
+    missing = site.run_etsdk(["hello"])  # argparse's own errors of a command were always the command's
+    assert missing.stderr.startswith("usage: etsdk hello ") and "required: who" in missing.stderr
+
+
 def test_the_core_reserves_exactly_its_own_commands() -> None:
     import argparse
 

@@ -63,8 +63,9 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from etsdk import EtsdkError, GenerationError, GenerationResult, Sampling, StateError
 
-from etsdk_hf_static.commands import open_runner
+from etsdk_hf_static.commands import open_runner, sampling_from_args
 from etsdk_hf_static.planning import context_fixes, does_not_fit
+from etsdk_hf_static.streaming import TextStream, decode_rate
 
 if TYPE_CHECKING:
     from etsdk_hf_static.runner import HfStaticRunner
@@ -260,7 +261,8 @@ class ChatSession:
                 stopped="interrupted",
             )
             stopped = "interrupted"
-        reply = str(self.runner.decode_text(result.token_ids))
+        # the runner's text ends before a stop string; an interrupted reply's is decoded here
+        reply = result.text if result.text is not None else str(self.runner.decode_text(result.token_ids))
         if dropped:
             self._shifted(dropped, candidate[:-1], ids)
         self.turns.append((len(candidate) - 1, common))
@@ -322,22 +324,6 @@ def chat_runner(runner: object) -> HfStaticRunner:
             "etsdk chat and generate --chat drive etsdk-hf-static's HfStaticRunner (hf_static programs)"
         )
     return runner
-
-
-class _Stream:
-    """Prints a reply's text as tokens arrive (decoding everything so far: a character may span tokens)."""
-
-    def __init__(self, runner: HfStaticRunner, out: TextIO) -> None:
-        self.runner, self.out = runner, out
-        self.ids: list[int] = []
-        self.shown = ""
-
-    def __call__(self, token: int) -> None:
-        self.ids.append(token)
-        text = str(self.runner.decode_text(self.ids))
-        self.out.write(text[len(self.shown) :] if text.startswith(self.shown) else text)
-        self.out.flush()
-        self.shown = text
 
 
 #: ``/help``: every command, and how to write a message
@@ -481,16 +467,23 @@ def run_chat(
                     reply = chat.say(line, stop=interrupt.is_set)
                     emit(reply.to_json())
                     continue
-                reply = chat.say(line, on_token=_Stream(chat.runner, out), stop=interrupt.is_set, on_shift=shifted)
-                out.write("\n")
-                out.flush()
+                stream = TextStream(chat.runner.decode_text, out, chat.sampling.stop)  # never prints a stop string
+                try:
+                    reply = chat.say(line, on_token=stream, stop=interrupt.is_set, on_shift=shifted)
+                except BaseException:
+                    stream.end_line()  # an error message starts on its own line
+                    raise
+                stream.finish(reply.text)
+                if not stream.shown:
+                    out.write("\n")  # one line per reply, an empty one too
+                    out.flush()
             r = reply.result
             if reply.stopped == "interrupted":
                 print(f"[stopped: kept {_plural(len(r.token_ids), 'token')} of the reply; {chat.usage()}]", file=err, flush=True)
                 continue
             print(
                 f"[{len(r.token_ids)} tokens ({reply.stopped}); prefill {r.prefill_ms:.1f} ms; "
-                f"decode {r.decode_tokens_per_s:.1f} tokens/s; {chat.rows_in_use} of {chat.context_length} rows]",
+                f"{decode_rate(r)}; {chat.rows_in_use} of {chat.context_length} rows]",
                 file=err, flush=True,
             )
             if reply.stopped == "context":
@@ -557,7 +550,7 @@ def _terminal_lines(prompt: str, err: TextIO) -> Iterator[str]:
 
 def cmd_chat(args: argparse.Namespace) -> int:
     """``etsdk chat`` (its arguments: :func:`etsdk_hf_static.commands.configure_chat`)."""
-    sampling = Sampling(temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    sampling = sampling_from_args(args)
     if isinstance(args.max_new_tokens, bool) or args.max_new_tokens < 1:
         raise GenerationError(f"--max-new-tokens must be a positive integer, found {args.max_new_tokens}")
     runner = chat_runner(open_runner(args.program, args.data))

@@ -14,8 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from typing import TYPE_CHECKING
 
 from etsdk import CommandSpec, EtsdkError, TextRunner
+
+if TYPE_CHECKING:
+    from etsdk import Sampling
 
 __all__ = [
     "COMMANDS",
@@ -23,10 +28,12 @@ __all__ = [
     "configure_chat",
     "configure_export",
     "configure_generate",
+    "add_sampling_arguments",
     "open_runner",
     "run_chat",
     "run_export",
     "run_generate",
+    "sampling_from_args",
 ]
 
 
@@ -106,12 +113,17 @@ def configure_generate(generate: argparse.ArgumentParser) -> None:
     generate.add_argument("program", help="the .pte")
     generate.add_argument("--data", default=None, help="its .ptd (default: <stem>.ptd beside the .pte, if there is one)")
     generate.add_argument("--prompt", default=None, help="text (needs the tokenizer saved at export)")
+    generate.add_argument(
+        "--prompt-file", default=None, metavar="PATH",
+        help="read the prompt text from PATH, or from stdin for '-' (one trailing newline is dropped)",
+    )
     generate.add_argument("--prompt-ids", default=None, help="comma-separated token ids")
-    generate.add_argument("--max-new-tokens", type=int, default=32)
-    generate.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
-    generate.add_argument("--top-p", type=float, default=1.0)
-    generate.add_argument("--seed", type=int, default=None)
-    generate.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    generate.add_argument("--max-new-tokens", type=int, default=32, metavar="N", help="at most N new tokens (default 32)")
+    add_sampling_arguments(generate)
+    generate.add_argument(
+        "--json", action="store_true",
+        help="print one JSON object (ids, text, timings) instead of streaming text and a statistics line",
+    )
     generate.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template to --prompt")
     generate.add_argument("--system", default=None, help="with --chat: a system message")
     generate.add_argument("--verbose", action="store_true", help="also show other libraries' warnings and logs")
@@ -122,6 +134,154 @@ def _parse_ids(text: str) -> list[int]:
         return [int(part) for part in text.replace(" ", "").split(",") if part]
     except ValueError:
         raise EtsdkError(f"--prompt-ids takes comma-separated integers, found {text!r}") from None
+
+
+#: flag of each etsdk.Sampling field, for messages that name what the user typed
+_SAMPLING_FLAGS = {
+    "temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p",
+    "repeat_penalty": "--repeat-penalty", "repeat_last_n": "--repeat-last-n", "presence_penalty": "--presence-penalty",
+    "frequency_penalty": "--frequency-penalty", "seed": "--seed", "stop": "--stop", "ignore_eos": "--ignore-eos",
+}
+
+
+def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
+    """The sampling and stopping flags of ``etsdk generate`` and ``etsdk chat`` (llama.cpp's names and defaults)."""
+    group = parser.add_argument_group("sampling and stopping (defaults: greedy, stop at end of sequence)")
+    group.add_argument("--temperature", type=float, default=0.0, metavar="F", help="0 (default) is greedy; else at least 1e-6")
+    group.add_argument("--top-k", type=int, default=0, metavar="N", help="sample among the N most likely tokens (0: off)")
+    group.add_argument("--top-p", type=float, default=1.0, metavar="F", help="nucleus sampling, in (0, 1] (1: off)")
+    group.add_argument("--min-p", type=float, default=0.0, metavar="F",
+                       help="drop tokens less likely than F times the most likely one, in [0, 1] (0: off)")
+    group.add_argument("--repeat-penalty", type=float, default=1.0, metavar="F",
+                       help="penalize tokens of the last --repeat-last-n (prompt and generated), > 0 (1: off)")
+    group.add_argument("--repeat-last-n", type=int, default=64, metavar="N",
+                       help="the penalties' window in tokens (default 64; -1: the whole conversation, 0: off)")
+    group.add_argument("--presence-penalty", type=float, default=0.0, metavar="F", help="subtracted once per token seen (0: off)")
+    group.add_argument("--frequency-penalty", type=float, default=0.0, metavar="F",
+                       help="subtracted per occurrence of a token (0: off)")
+    group.add_argument("--seed", type=int, default=None, metavar="N", help="seed of the sampler, in [0, 2**64)")
+    group.add_argument(
+        "--stop", action="append", default=[], metavar="TEXT",
+        help="stop when the text generated contains TEXT, which is not printed (repeatable; \\n, \\t, \\r, \\\\ are escapes)",
+    )
+    group.add_argument("--ignore-eos", action="store_true", help="keep generating past an end-of-sequence token")
+
+
+def _unescape(text: str) -> str:
+    """``\\n``, ``\\t``, ``\\r`` and ``\\\\`` in a ``--stop`` value as the characters they name (as llama.cpp does)."""
+    out, chars = [], iter(text)
+    for char in chars:
+        if char == "\\":
+            following = next(chars, "")
+            out.append({"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}.get(following, "\\" + following))
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+def sampling_from_args(args: argparse.Namespace) -> Sampling:
+    """The :class:`etsdk.Sampling` of the sampling flags; a bad value is an error naming its flag and range."""
+    from etsdk import GenerationError, Sampling
+
+    fields = {name: getattr(args, name) for name in _SAMPLING_FLAGS if name != "stop"}
+    try:
+        return Sampling(**fields, stop=tuple(_unescape(s) for s in args.stop))
+    except GenerationError as exc:
+        message = str(exc)
+        name = next((n for n in sorted(_SAMPLING_FLAGS, key=len, reverse=True) if message.startswith(n)), None)
+        raise GenerationError(f"{_SAMPLING_FLAGS[name]}: {message}" if name else message) from None
+
+
+def _read_prompt(path: str) -> str:
+    """The prompt text of ``--prompt-file PATH`` (stdin for ``-``), one trailing newline dropped."""
+    from pathlib import Path
+
+    where = "stdin" if path == "-" else path
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise EtsdkError(f"--prompt-file: no such file: {path}") from None
+    except IsADirectoryError:
+        raise EtsdkError(f"--prompt-file: {path} is a directory") from None
+    except UnicodeDecodeError as exc:
+        raise EtsdkError(f"--prompt-file: {where} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except OSError as exc:
+        raise EtsdkError(f"--prompt-file: cannot read {where}: {exc.strerror or exc}") from None
+    text = text.removesuffix("\n").removesuffix("\r")
+    if not text:
+        raise EtsdkError(f"--prompt-file: the prompt read from {where} is empty")
+    return text
+
+
+def _preflight(args: argparse.Namespace, text: str | None, given_ids: list[int] | None) -> list[int] | None:
+    """Refuse what the program's contract can refuse before anything heavy loads; the prompt's ids when known.
+
+    Reads the contract with :func:`etsdk.read_contract` (no torch, no runtime, no backend): for an hf_static
+    program, ``--max-new-tokens`` beyond the context, ``--prompt-ids`` outside the vocabulary and a prompt
+    that cannot fit with its new tokens are refused here. A text prompt is encoded with the tokenizer saved
+    beside the program first (that imports transformers, still before the program and its methods load).
+    Programs of other contracts: their runner checks its requests after the load.
+    """
+    from pathlib import Path
+
+    from etsdk import read_contract
+
+    contract = read_contract(args.program)
+    if contract is None:
+        raise EtsdkError(f"{args.program} embeds no contract; etsdk needs a program exported for one to run it")
+    from etsdk_hf_static.metadata import CONTRACT_NAME, read_metadata
+
+    if contract.name != CONTRACT_NAME:
+        return None
+    meta = read_metadata(contract)
+    S, new = meta.context_length, args.max_new_tokens
+    if new >= S:
+        raise EtsdkError(
+            f"--max-new-tokens {new} cannot fit: the program's context length S is {S} rows, and the prompt takes "
+            f"at least one of them (at most --max-new-tokens {S - 1}; or a program exported with a longer "
+            "--context-length)"
+        )
+    if given_ids is not None:
+        bad = next(((i, t) for i, t in enumerate(given_ids) if not 0 <= t < meta.vocab_size), None)
+        if bad is not None:
+            raise EtsdkError(f"--prompt-ids: token {bad[0]} is {bad[1]}, outside the vocabulary 0..{meta.vocab_size - 1}")
+        ids = given_ids
+    else:
+        from etsdk_hf_static.runner import chat_template_ids, encode_text, load_tokenizer, no_tokenizer
+
+        assert text is not None
+        name = Path(args.program).name
+        tokenizer = load_tokenizer(args.program)
+        if tokenizer is None:
+            raise no_tokenizer(name)
+        if args.chat:
+            system = [{"role": "system", "content": args.system}] if args.system else []
+            ids = chat_template_ids(tokenizer, [*system, {"role": "user", "content": text}], meta.vocab_size, name)
+        else:
+            ids = encode_text(tokenizer, text, meta.bos_id)
+    if not ids:
+        raise EtsdkError("the prompt is empty (no token)")
+    if len(ids) + new > S:  # the rows of a fresh conversation's request (etsdk_hf_static.planning.rows_needed)
+        raise EtsdkError(_does_not_fit(len(ids), new, S))
+    return ids
+
+
+def _does_not_fit(prompt: int, new: int, context_length: int) -> str:
+    """``planning.does_not_fit(0, prompt, new, S, planning.context_fixes(0, prompt, new, S))``, the message
+    ``Conversation.generate`` gives, without importing torch (``planning`` does): a test keeps them equal."""
+    room = context_length - prompt
+    fixes = [f"fewer new tokens (--max-new-tokens {room})"] if 1 <= room < new else []
+    if room < 1:
+        fixes.append("a shorter prompt")
+    fixes.append(
+        f"a program exported with a longer context (etsdk export --context-length, more than {context_length} "
+        "and at most the model's max_position_embeddings)"
+    )
+    ways = fixes[0] if len(fixes) == 1 else f"{', '.join(fixes[:-1])} or {fixes[-1]}"
+    return (
+        f"{prompt} prompt token(s) + {new} new token(s) = {prompt + new} cache rows, "
+        f"but the program's context length S is {context_length}; to make it fit: {ways}"
+    )
 
 
 def open_runner(program_path: str, data: str | None) -> TextRunner:
@@ -147,54 +307,68 @@ def open_runner(program_path: str, data: str | None) -> TextRunner:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from etsdk import Sampling
+    """``etsdk generate``: the text to stdout (the prompt echoed first), the statistics line to stderr.
 
-    if (args.prompt is None) == (args.prompt_ids is None):
-        raise EtsdkError("give exactly one of --prompt TEXT or --prompt-ids 1,2,3")
-    if args.max_new_tokens < 0:
-        raise EtsdkError(f"--max-new-tokens must be >= 0, found {args.max_new_tokens}")
-    given_ids = _parse_ids(args.prompt_ids) if args.prompt_ids is not None else None
-    sampling = Sampling(temperature=args.temperature, top_p=args.top_p, seed=args.seed)
-    runner = open_runner(args.program, args.data)
-    if args.chat:
-        if args.prompt is None:
-            raise EtsdkError("--chat applies the chat template to --prompt TEXT, not to --prompt-ids")
-        from etsdk_hf_static.chat import chat_runner
+    Everything the arguments and the program's contract can refuse is refused before the program loads
+    (:func:`_preflight`); an error after the prompt was echoed starts on a new line.
+    """
+    from etsdk_hf_static.startup import mark, say_loading
+    from etsdk_hf_static.streaming import TextStream, cut_at_stop, decode_rate
 
-        system = [{"role": "system", "content": args.system}] if args.system else []
-        prompt_ids = chat_runner(runner).chat_prompt_ids([*system, {"role": "user", "content": args.prompt}])
-    elif args.system is not None:
+    if sum(source is not None for source in (args.prompt, args.prompt_file, args.prompt_ids)) != 1:
+        raise EtsdkError("give exactly one of --prompt TEXT, --prompt-file PATH ('-': stdin) or --prompt-ids 1,2,3")
+    if args.max_new_tokens < 1:
+        raise EtsdkError(f"--max-new-tokens must be a positive integer, found {args.max_new_tokens}")
+    if args.chat and args.prompt_ids is not None:
+        raise EtsdkError("--chat applies the chat template to --prompt TEXT or --prompt-file PATH, not to --prompt-ids")
+    if args.system is not None and not args.chat:
         raise EtsdkError("--system needs --chat")
-    else:
-        prompt_ids = given_ids if given_ids is not None else runner.encode(args.prompt)
-    from etsdk_hf_static.startup import mark
+    sampling = sampling_from_args(args)
+    given_ids = _parse_ids(args.prompt_ids) if args.prompt_ids is not None else None
+    text = _read_prompt(args.prompt_file) if args.prompt_file is not None else args.prompt
+    say_loading(args.program)  # before the tokenizer and torch load: seconds
+    mark("start")
+    prompt_ids = _preflight(args, text, given_ids)
+    runner = open_runner(args.program, args.data)
+    if prompt_ids is None:  # a program of another contract: its runner encodes
+        if args.chat:
+            from etsdk_hf_static.chat import chat_runner
 
+            system = [{"role": "system", "content": args.system}] if args.system else []
+            prompt_ids = chat_runner(runner).chat_prompt_ids([*system, {"role": "user", "content": text or ""}])
+        else:
+            prompt_ids = given_ids if given_ids is not None else runner.encode(text or "")
     mark("prompt")
-    streamed: list[int] = []
-    shown = ""
+    stream = TextStream(runner.decode_text, sys.stdout, sampling.stop)
 
-    def stream(token: int) -> None:
-        # decode everything so far: a token may only complete a character together with the next one
-        nonlocal shown
-        streamed.append(token)
-        if len(streamed) == 1:
+    chosen: list[int] = []
+
+    def on_token(token: int) -> None:
+        chosen.append(token)
+        if len(chosen) == 1:
             mark("first_token")
         if not args.json:
-            text = runner.decode_text(streamed)
-            print(text[len(shown):] if text.startswith(shown) else f" {token}", end="", flush=True)
-            shown = text
+            stream(token)
 
-    if not args.json and args.prompt is not None and not args.chat:
-        print(args.prompt, end="", flush=True)
-    result = runner.generate(prompt_ids, max_new_tokens=args.max_new_tokens, sampling=sampling, on_token=stream)
-    if args.json:
-        print(json.dumps(result.to_json()))
-    else:
-        print()
-        print(
-            f"[{len(result.prompt_ids)} prompt tokens, {len(result.token_ids)} generated ({result.stopped}); "
-            f"prefill {result.prefill_ms:.1f} ms; decode {result.decode_tokens_per_s:.1f} tokens/s]"
+    try:
+        if not args.json and text is not None and not args.chat:
+            stream.echo(text)
+        result = runner.generate(
+            prompt_ids, max_new_tokens=args.max_new_tokens, sampling=sampling, on_token=on_token
         )
+    except BaseException:
+        stream.end_line()  # an error message starts on its own line, never after the echoed prompt
+        raise
+    generated = result.text if result.text is not None else cut_at_stop(runner.decode_text(result.token_ids), sampling.stop)
+    if args.json:
+        print(json.dumps({**result.to_json(), "text": generated}))
+        return 0
+    stream.finish(generated)
+    print(
+        f"[{len(result.prompt_ids)} prompt tokens, {len(result.token_ids)} generated ({result.stopped}); "
+        f"prefill {result.prefill_ms:.1f} ms; {decode_rate(result)}]",
+        file=sys.stderr, flush=True,
+    )
     return 0
 
 
@@ -213,9 +387,7 @@ def configure_chat(chat: argparse.ArgumentParser) -> None:
         "--no-context-shift", action="store_true",
         help="keep every exchange: refuse a message that does not fit instead of dropping the oldest exchanges",
     )
-    chat.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
-    chat.add_argument("--top-p", type=float, default=1.0)
-    chat.add_argument("--seed", type=int, default=None)
+    add_sampling_arguments(chat)
     chat.add_argument("--json", action="store_true", help="one JSON object per reply, command and error")
     chat.add_argument("--verbose", action="store_true", help="also show other libraries' warnings and logs")
 

@@ -48,6 +48,7 @@ from etsdk_hf_static.planning import (
     rows_needed,
 )
 from etsdk_hf_static.sampling import choose, generator_for
+from etsdk_hf_static.streaming import find_stop
 
 if TYPE_CHECKING:
     from etsdk import Session, Snapshot
@@ -167,9 +168,17 @@ class Conversation:
         by ``on_token`` stops the generation between steps (``etsdk chat`` stops a reply
         on Ctrl-C this way): it propagates, and the tokens chosen so far stay in the
         conversation, the last one pending, as after a reply of that length.
+
+        ``sampling`` (:class:`etsdk.Sampling`): penalties over the conversation's last
+        ``repeat_last_n`` tokens (earlier turns, this prompt, the tokens generated so far);
+        ``stop`` strings end the reply once the decoded text contains one (``stopped ==
+        "stop"``; the result's ``text`` ends before it; needs the tokenizer);
+        ``ignore_eos`` (or ``stop_at_eos=False``) generates past an EOS id.
         """
         meta = self._runner.metadata
         sampling = sampling or Sampling()
+        if sampling.stop and self._runner._tokenizer is None:
+            raise GenerationError("stop strings need the tokenizer saved beside the program (it decodes the text they match)")
         prompt = check_tokens(prompt_ids, meta.vocab_size)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise GenerationError(f"max_new_tokens must be a positive integer, found {max_new_tokens!r}")
@@ -187,7 +196,7 @@ class Conversation:
         logits = self._write(steps, prompt)
         if logits is None:  # feed is not empty, so the plan has a step
             raise GenerationError("nothing to run: the prompt plan is empty")
-        token = choose(logits, sampling, generator)
+        token = choose(logits, sampling, generator, self._tokens)
         prefill_ms = (time.perf_counter() - started) * 1e3
         generated: list[int] = []
         streaming_s = 0.0  # time spent in on_token: the caller's, not the model's
@@ -204,15 +213,23 @@ class Conversation:
         emit(token)
         streaming_s = 0.0
         stopped = "length"
+        stop_at_eos = stop_at_eos and not sampling.ignore_eos
+        text, searched, cut = "", 0, None  # stop strings: the text so far, how much was searched, where one begins
         decode_started = time.perf_counter()
         while True:
             if stop_at_eos and token in meta.eos_ids:
                 stopped = "eos"
                 break
+            if sampling.stop:
+                text = self._runner.decode_text(generated)
+                cut, searched = find_stop(text, sampling.stop, searched), len(text)
+                if cut is not None:
+                    stopped = "stop"
+                    break
             if len(generated) == max_new_tokens:
                 break
             logits = self.run_step(Step("decode", self._position, (token,), 1))
-            token = choose(logits, sampling, generator)
+            token = choose(logits, sampling, generator, self._tokens)
             emit(token)
         decode_s = time.perf_counter() - decode_started - streaming_s
         decoded = len(generated) - 1
@@ -222,6 +239,7 @@ class Conversation:
             prefill_ms=prefill_ms,
             decode_tokens_per_s=decoded / decode_s if decoded and decode_s > 0 else 0.0,
             stopped=stopped,
+            text=text[:cut] if cut is not None else self._runner.decode_text(generated),
         )
 
     def _write(self, steps: list[Step], new: tuple[int, ...]) -> torch.Tensor | None:

@@ -3,7 +3,10 @@
 Everything is embedded (no download): a random-weight Llama-style model (grouped-query attention) and a
 character tokenizer are written as a transformers model directory, exported with ``etsdk export`` as an
 hf_static v1 program through etsdk-aoti (progress on stderr), then ``etsdk generate`` streams text from it.
-The generated ids are checked against transformers' own eager ``generate`` on the same weights.
+The generated ids are checked against transformers' own eager ``generate`` on the same weights. The demo ends by
+saying where it left the model directory and the program (they stay: ``--out-dir``, by default
+``demo/`` in etsdk's cache directory, ``$ETSDK_CACHE_DIR`` or ``~/.cache/etsdk``, rewritten by each run), that
+the text is random because the weights are, and the commands to try next (``etsdk chat``, ``etsdk generate``).
 
 ``python -m etsdk_hf_static.demo [--out-dir DIR] [--backend aoti|reference] [--prompt TEXT] [--verbose]``
 
@@ -14,9 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -33,7 +36,10 @@ def _etsdk(*args: str, capture: bool = False) -> subprocess.CompletedProcess[str
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m etsdk_hf_static.demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--out-dir", default=None, help="where to write the model and program (default: a temporary directory)")
+    parser.add_argument(
+        "--out-dir", default=None,
+        help="where to write the model and program, kept after the demo (default: demo/ in etsdk's cache directory)",
+    )
     parser.add_argument("--backend", default="aoti", help="backend for both methods (default: aoti)")
     parser.add_argument("--prompt", default=PROMPT)
     parser.add_argument("--verbose", action="store_true", help="also show other libraries' warnings and logs")
@@ -48,7 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from etsdk_hf_static.tiny import save_tiny_model
 
-    out = Path(args.out_dir) if args.out_dir else Path(tempfile.mkdtemp(prefix="etsdk-demo-"))
+    out = Path(args.out_dir) if args.out_dir else default_out_dir()
+    out.mkdir(parents=True, exist_ok=True)
     print("== installed plugins", flush=True)
     subprocess.run([sys.executable, "-m", "etsdk", "plugins"])
     model_dir = save_tiny_model(out / "tiny-llama", "llama")
@@ -80,7 +87,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("MISMATCH against transformers' eager generate")
         return 1
     print("matches transformers' eager generate")
+    rate = result["decode_tokens_per_s"]
+    print(
+        f"== {len(result['token_ids'])} tokens: prefill {result['prefill_ms']:.1f} ms, "
+        + (f"decode {rate:.1f} tokens/s" if rate is not None else "decode n/a (one token)")
+    )
+    print(ending(model_dir, pte, default=not args.out_dir), end="")
     return 0
+
+
+def default_out_dir() -> Path:
+    """Where the demo writes by default: ``demo/`` in etsdk's cache directory (``$ETSDK_CACHE_DIR``, else
+    ``~/.cache/etsdk``), kept after the demo and rewritten by the next run."""
+    from etsdk.backend import cache_dir
+
+    return Path(cache_dir()) / "demo"
+
+
+def ending(model_dir: Path, pte: Path, *, default: bool) -> str:
+    """The demo's last words: where its files are, why its text is gibberish, what to run next."""
+    program = shlex.quote(str(pte))
+    where = "in etsdk's cache directory; --out-dir DIR writes elsewhere" if default else "in --out-dir"
+    return (
+        f"\n== the demo kept its files ({where}):\n"
+        f"   model directory: {model_dir}\n"
+        f"   program:         {pte}  (its tokenizer: {pte.with_name(pte.stem + '.tokenizer')})\n"
+        "== the text above is random because the model's weights are: an embedded test model, drawn at random "
+        "(no download).\n   Export a trained model (etsdk export --model DIR -o model.pte) for real text.\n"
+        "== try next:\n"
+        f"   etsdk chat {program}\n"
+        f"   etsdk generate {program} --prompt 'Once upon a time' --max-new-tokens 32\n"
+    )
 
 
 if __name__ == "__main__":

@@ -39,8 +39,12 @@ __all__ = [
     "HfStaticRunner",
     "ProgramMismatchError",
     "Step",
+    "chat_template_ids",
     "check_program",
     "check_tokens",
+    "encode_text",
+    "load_tokenizer",
+    "no_tokenizer",
     "plan_prompt",
 ]
 
@@ -111,14 +115,7 @@ class HfStaticRunner:
     @classmethod
     def from_program(cls, program: Program) -> HfStaticRunner:
         """A runner for ``program``, with the tokenizer export saved beside it when there is one."""
-        from etsdk_hf_static.exporter import tokenizer_dir
-
-        tokenizer = None
-        if tokenizer_dir(program.path).is_dir():
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir(program.path))
-        return cls(program, tokenizer=tokenizer)
+        return cls(program, tokenizer=load_tokenizer(program.path))
 
     @classmethod
     def from_file(cls, path: str | Path, data: str | Path | None = None) -> HfStaticRunner:
@@ -164,20 +161,15 @@ class HfStaticRunner:
 
     def _require_tokenizer(self) -> Any:
         if self._tokenizer is None:
-            raise GenerationError(
-                f"{self.program.path.name} has no tokenizer saved beside it (export from a model directory with one); "
-                "pass token ids instead (--prompt-ids)"
-            )
+            raise no_tokenizer(self.program.path.name)
         return self._tokenizer
 
     def encode(self, text: str, *, bos: bool | None = None) -> list[int]:
         """``text`` as token ids; ``bos``: start with the model's BOS id (default: when the default conversation is empty)."""
-        ids = list(self._require_tokenizer().encode(text, add_special_tokens=False))
+        tokenizer = self._require_tokenizer()
         if bos is None:
             bos = self.default.position == 0 and not self.default.pending
-        if bos and self.metadata.bos_id is not None:
-            ids = [self.metadata.bos_id, *ids]
-        return ids
+        return encode_text(tokenizer, text, self.metadata.bos_id if bos else None)
 
     def decode_text(self, ids: Sequence[int]) -> str:
         if self._tokenizer is None:
@@ -186,19 +178,51 @@ class HfStaticRunner:
 
     def chat_prompt_ids(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
         """The ids of ``messages`` (``{"role", "content"}``) through the tokenizer's chat template, ready for a reply."""
-        tokenizer = self._require_tokenizer()
-        if not getattr(tokenizer, "chat_template", None):
-            raise GenerationError(
-                f"the tokenizer saved beside {self.program.path.name} has no chat template; prompt it without --chat"
-            )
-        try:
-            encoded = tokenizer.apply_chat_template(
-                [dict(m) for m in messages], add_generation_prompt=True, tokenize=True
-            )
-        except Exception as exc:  # jinja2 errors, template exceptions: the template's, reported as one line
-            raise GenerationError(f"the chat template failed: {type(exc).__name__}: {exc}") from None
-        ids = encoded["input_ids"] if isinstance(encoded, Mapping) else encoded
-        return list(check_tokens(list(ids), self.metadata.vocab_size, what="chat template"))
+        return chat_template_ids(self._require_tokenizer(), messages, self.metadata.vocab_size, self.program.path.name)
+
+
+# ---------------------------------------------------------------------- the tokenizer, without a loaded program
+
+
+def load_tokenizer(program_path: str | Path) -> Any:
+    """The tokenizer export saved beside ``program_path`` (``model.tokenizer/``), or None when there is none.
+
+    Needs no loaded program: ``etsdk generate`` encodes a text prompt with it and checks that the request fits
+    the context before the program's methods load.
+    """
+    from etsdk_hf_static.exporter import tokenizer_dir
+
+    if not tokenizer_dir(program_path).is_dir():
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tokenizer_dir(program_path))
+
+
+def no_tokenizer(program_name: str) -> GenerationError:
+    """The error for text asked of a program without a tokenizer."""
+    return GenerationError(
+        f"{program_name} has no tokenizer saved beside it (export from a model directory with one); "
+        "pass token ids instead (--prompt-ids)"
+    )
+
+
+def encode_text(tokenizer: Any, text: str, bos_id: int | None) -> list[int]:
+    """``text`` as ids of ``tokenizer`` (no special tokens added by it), after ``bos_id`` when one is given."""
+    ids = list(tokenizer.encode(text, add_special_tokens=False))
+    return [bos_id, *ids] if bos_id is not None else ids
+
+
+def chat_template_ids(tokenizer: Any, messages: Sequence[Mapping[str, str]], vocab_size: int, program_name: str) -> list[int]:
+    """``messages`` through ``tokenizer``'s chat template with the generation prompt, as checked ids."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise GenerationError(f"the tokenizer saved beside {program_name} has no chat template; prompt it without --chat")
+    try:
+        encoded = tokenizer.apply_chat_template([dict(m) for m in messages], add_generation_prompt=True, tokenize=True)
+    except Exception as exc:  # jinja2 errors, template exceptions: the template's, reported as one line
+        raise GenerationError(f"the chat template failed: {type(exc).__name__}: {exc}") from None
+    ids = encoded["input_ids"] if isinstance(encoded, Mapping) else encoded
+    return list(check_tokens(list(ids), vocab_size, what="chat template"))
 
 
 if TYPE_CHECKING:

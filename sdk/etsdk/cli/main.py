@@ -237,7 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
     if args.command in _QUIET or getattr(args, "_etsdk_quiet", False):
         from etsdk.cli.quiet import quiet_command_line
 
@@ -251,6 +251,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
         print(f"etsdk: error: {exc.strerror or exc}{where}", file=sys.stderr)
         return 2
+
+
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    """``parser.parse_args(argv)``, except that arguments no parser knows are reported by the command's own parser.
+
+    argparse's ``parse_args`` reports them with the top-level usage (``usage: etsdk [-h] ...``), which does not say
+    what the command takes; here ``etsdk generate x.pte --top-kk 40`` prints ``etsdk generate``'s usage and
+    ``unrecognized arguments: --top-kk 40``, for the core's commands and plugin commands alike (exit status 2).
+    """
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        name = getattr(args, "command", None)
+        command = _subparsers(parser).get(name or "")
+        if command is not None and name in argv and argv.index(unknown[0]) < argv.index(name):
+            command = None  # given before the command word: the top level's (etsdk --bogus plugins)
+        (command or parser).error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """Command name -> its subparser."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
 
 
 def _plugin_command_names() -> set[str]:

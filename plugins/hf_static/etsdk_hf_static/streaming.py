@@ -1,0 +1,110 @@
+"""Streaming generated text to a terminal: what ``etsdk generate`` and ``etsdk chat`` print as tokens arrive.
+
+A :class:`TextStream` is an ``on_token`` callback. It decodes every id so far (a character may span tokens)
+and prints what is new, except text that might still turn out to be a stop string: a stop string is never
+printed, nor is the start of one until the next token shows it is not one (the rules of
+:func:`~etsdk_hf_static.sampling.find_stop` and :func:`~etsdk_hf_static.sampling.held_back`, which the
+conversation stops by). :meth:`TextStream.finish` prints the rest of the final text and ends the line.
+
+Importing this module is cheap (no torch): the command line uses it before anything heavy loads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
+
+__all__ = ["TextStream", "cut_at_stop", "decode_rate", "find_stop", "held_back"]
+
+
+def find_stop(text: str, stops: Sequence[str], start: int = 0) -> int | None:
+    """Where the earliest stop string in ``text`` begins, among matches that end after ``start``; None if none.
+
+    ``start``: the length of the text already searched (no stop string ended inside it, or generation would
+    have stopped there); a match may begin before it (a stop string completed by the newest token).
+    """
+    found = None
+    for stop in stops:
+        index = text.find(stop, max(0, start - len(stop) + 1))
+        if index >= 0 and (found is None or index < found):
+            found = index
+    return found
+
+
+def held_back(text: str, stops: Sequence[str]) -> int:
+    """How many characters at the end of ``text`` may be the start of a stop string (not to be shown yet)."""
+    longest = 0
+    for stop in stops:
+        for size in range(min(len(stop) - 1, len(text)), longest, -1):
+            if text.endswith(stop[:size]):
+                longest = size
+                break
+    return longest
+
+
+def cut_at_stop(text: str, stops: Sequence[str]) -> str:
+    """``text`` up to its first stop string (all of it when it holds none)."""
+    cut = find_stop(text, stops)
+    return text if cut is None else text[:cut]
+
+
+def decode_rate(result: Any) -> str:
+    """``"decode 41.3 tokens/s"``, or ``"decode n/a (one token: no decode step)"`` when no decode step ran."""
+    if len(result.token_ids) > 1:
+        return f"decode {result.decode_tokens_per_s:.1f} tokens/s"
+    return "decode n/a (one token: no decode step)"
+
+
+class TextStream:
+    """Prints generated text to ``out`` as tokens arrive (``on_token``); never a stop string from ``stops``.
+
+    ``decode(ids)`` is the runner's ``decode_text``. :meth:`echo` prints the prompt first; :attr:`line_open`
+    says whether something was printed without a newline after it (an error message then starts a new line).
+    """
+
+    def __init__(self, decode: Callable[[Sequence[int]], str], out: TextIO, stops: Sequence[str] = ()) -> None:
+        self.decode, self.out, self.stops = decode, out, tuple(stops)
+        self.ids: list[int] = []
+        self.shown = ""  # the generated text printed so far
+        self.line_open = False
+
+    def echo(self, text: str) -> None:
+        """Print ``text`` (the prompt) before the generated text."""
+        self._write(text)
+
+    def __call__(self, token: int) -> None:
+        self.ids.append(token)
+        text = str(self.decode(self.ids))
+        cut = find_stop(text, self.stops)
+        if cut is not None:
+            text = text[:cut]
+        else:
+            # not yet: the start of a stop string, or an incomplete character (decoded as U+FFFD so far)
+            text = text[: len(text) - held_back(text, self.stops)].rstrip("\ufffd")
+        self._show(text)
+
+    def finish(self, text: str | None = None) -> None:
+        """Print the rest of the final ``text`` (default: the decoded ids up to a stop string), end the line."""
+        if text is None:
+            text = cut_at_stop(str(self.decode(self.ids)), self.stops)
+        self._show(text)
+        self.end_line()
+
+    def end_line(self) -> None:
+        """End the line when something was printed without a newline after it."""
+        if self.line_open:
+            self.out.write("\n")
+            self.out.flush()
+            self.line_open = False
+
+    def _show(self, text: str) -> None:
+        # the text grows token by token; where decoding rewrote a shown character, the screen keeps the old one
+        if len(text) > len(self.shown):
+            self._write(text[len(self.shown) :])
+            self.shown = text
+
+    def _write(self, text: str) -> None:
+        if text:
+            self.out.write(text)
+            self.out.flush()
+            self.line_open = not text.endswith("\n")
