@@ -6,6 +6,8 @@ each refused at load. (Specs and records alone: tests/unit/test_contracts.py.)
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 import etsdk
@@ -33,11 +35,18 @@ def toy_pte(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _patched(src: Path, dst: Path, old: bytes, new: bytes) -> Path:
+    """The program with ``old`` replaced by ``new`` inside its record, and the record's content key resealed
+    (an edited record under its old key is refused as damaged before its contract is read)."""
     assert len(old) == len(new)
     data = src.read_bytes()
     start = data.index(b'{"format":"etsdk.program"')
+    _, length = json.JSONDecoder().raw_decode(data[start:].decode("latin-1"))
     at = data.index(old, start)
-    dst.write_bytes(data[:at] + new + data[at + len(old) :])
+    data = data[:at] + new + data[at + len(old) :]
+    before = hashlib.sha256(src.read_bytes()[start : start + length]).hexdigest().encode()
+    after = hashlib.sha256(data[start : start + length]).hexdigest().encode()
+    assert data.count(b"etsdk/program/" + before) == 1
+    dst.write_bytes(data.replace(b"etsdk/program/" + before, b"etsdk/program/" + after))
     return dst
 
 
