@@ -18,7 +18,7 @@ prompt, until they fit and at least half of the exchanges' rows are free (as
 llama.cpp's context shift discards half), says so in one line, and re-prefills
 the rest (the system prompt's rows are kept: prefix reuse). ``--no-context-shift``
 keeps every exchange: a message that does not fit is refused, naming the fixes.
-Every "does not fit" counts rows as :func:`~etsdk_hf_static.planning.rows_needed`.
+Every "does not fit" counts rows as :func:`~etsdk_hf_static.fitting.rows_needed`.
 
 Ctrl-C during a reply stops it after the current step and keeps what was
 generated (a SIGINT handler sets a flag the reply checks after each token, so no
@@ -49,11 +49,9 @@ path ``etsdk.chat`` still imports, with a DeprecationWarning).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -63,14 +61,13 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from etsdk import EtsdkError, GenerationError, GenerationResult, Sampling, StateError
 
-from etsdk_hf_static.commands import open_runner, sampling_from_args
-from etsdk_hf_static.planning import context_fixes, does_not_fit
+from etsdk_hf_static.fitting import context_fixes, does_not_fit
 from etsdk_hf_static.streaming import TextStream, decode_rate
 
 if TYPE_CHECKING:
     from etsdk_hf_static.runner import HfStaticRunner
 
-__all__ = ["ChatSession", "Reply", "chat_runner", "cmd_chat", "open_runner", "run_chat"]
+__all__ = ["ChatSession", "Reply", "chat_runner", "continued_lines", "run_chat", "terminal_lines"]
 
 #: key of the chat's record (messages, turns) in a saved conversation's metadata (files saved before the move keep it)
 _CHAT_KEY = "etsdk.chat"
@@ -502,7 +499,7 @@ def run_chat(
     return 0
 
 
-def _continued(lines: Iterable[str]) -> Iterator[str]:
+def continued_lines(lines: Iterable[str]) -> Iterator[str]:
     """``lines`` with every line ending in a backslash joined to the next (a newline in its place)."""
     parts: list[str] = []
     for raw in lines:
@@ -516,7 +513,7 @@ def _continued(lines: Iterable[str]) -> Iterator[str]:
         yield "\n".join(parts)
 
 
-def _terminal_lines(prompt: str, err: TextIO) -> Iterator[str]:
+def terminal_lines(prompt: str, err: TextIO) -> Iterator[str]:
     """Messages typed at a terminal: a trailing backslash continues the message on a ``... `` line.
 
     Ctrl-C drops what was typed and says how to leave; a second Ctrl-C in a row raises KeyboardInterrupt.
@@ -546,28 +543,3 @@ def _terminal_lines(prompt: str, err: TextIO) -> Iterator[str]:
             continue
         yield "\n".join([*parts, line])
         parts = []
-
-
-def cmd_chat(args: argparse.Namespace) -> int:
-    """``etsdk chat`` (its arguments: :func:`etsdk_hf_static.commands.configure_chat`)."""
-    sampling = sampling_from_args(args)
-    if isinstance(args.max_new_tokens, bool) or args.max_new_tokens < 1:
-        raise GenerationError(f"--max-new-tokens must be a positive integer, found {args.max_new_tokens}")
-    runner = chat_runner(open_runner(args.program, args.data))
-    chat = ChatSession(
-        runner, system=args.system, max_new_tokens=args.max_new_tokens, sampling=sampling,
-        context_shift=not getattr(args, "no_context_shift", False),
-    )
-    interactive = sys.stdin.isatty()
-    lines: Iterable[str] = _terminal_lines("> ", sys.stderr) if interactive else _continued(sys.stdin)
-    if interactive and not args.json:
-        print(
-            f"etsdk chat: {chat.context_length} rows of context; /help lists the commands, a trailing \\ continues "
-            "a line, Ctrl-C stops a reply",
-            file=sys.stderr, flush=True,
-        )
-    try:
-        return run_chat(chat, lines, sys.stdout, sys.stderr, as_json=args.json, interactive=interactive)
-    except KeyboardInterrupt:
-        print(file=sys.stderr)
-        return 130

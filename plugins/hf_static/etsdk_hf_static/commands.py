@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 
 from etsdk import CommandSpec, EtsdkError, TextRunner
 
+from etsdk_hf_static.fitting import context_fixes, does_not_fit, rows_needed
+
 if TYPE_CHECKING:
     from etsdk import Sampling
 
@@ -261,27 +263,9 @@ def _preflight(args: argparse.Namespace, text: str | None, given_ids: list[int] 
             ids = encode_text(tokenizer, text, meta.bos_id)
     if not ids:
         raise EtsdkError("the prompt is empty (no token)")
-    if len(ids) + new > S:  # the rows of a fresh conversation's request (etsdk_hf_static.planning.rows_needed)
-        raise EtsdkError(_does_not_fit(len(ids), new, S))
+    if rows_needed(0, len(ids), new) > S:  # a fresh conversation's request, counted as every check counts
+        raise EtsdkError(does_not_fit(0, len(ids), new, S, context_fixes(0, len(ids), new, S)))
     return ids
-
-
-def _does_not_fit(prompt: int, new: int, context_length: int) -> str:
-    """``planning.does_not_fit(0, prompt, new, S, planning.context_fixes(0, prompt, new, S))``, the message
-    ``Conversation.generate`` gives, without importing torch (``planning`` does): a test keeps them equal."""
-    room = context_length - prompt
-    fixes = [f"fewer new tokens (--max-new-tokens {room})"] if 1 <= room < new else []
-    if room < 1:
-        fixes.append("a shorter prompt")
-    fixes.append(
-        f"a program exported with a longer context (etsdk export --context-length, more than {context_length} "
-        "and at most the model's max_position_embeddings)"
-    )
-    ways = fixes[0] if len(fixes) == 1 else f"{', '.join(fixes[:-1])} or {fixes[-1]}"
-    return (
-        f"{prompt} prompt token(s) + {new} new token(s) = {prompt + new} cache rows, "
-        f"but the program's context length S is {context_length}; to make it fit: {ways}"
-    )
 
 
 def open_runner(program_path: str, data: str | None) -> TextRunner:
@@ -393,9 +377,33 @@ def configure_chat(chat: argparse.ArgumentParser) -> None:
 
 
 def run_chat(args: argparse.Namespace) -> int:
-    from etsdk_hf_static.chat import cmd_chat
+    """``etsdk chat`` (its arguments: :func:`configure_chat`; the session: :mod:`etsdk_hf_static.chat`)."""
+    from etsdk import GenerationError
 
-    return cmd_chat(args)
+    from etsdk_hf_static.chat import ChatSession, chat_runner, continued_lines, terminal_lines
+    from etsdk_hf_static.chat import run_chat as chat_loop
+
+    sampling = sampling_from_args(args)
+    if isinstance(args.max_new_tokens, bool) or args.max_new_tokens < 1:
+        raise GenerationError(f"--max-new-tokens must be a positive integer, found {args.max_new_tokens}")
+    runner = chat_runner(open_runner(args.program, args.data))
+    chat = ChatSession(
+        runner, system=args.system, max_new_tokens=args.max_new_tokens, sampling=sampling,
+        context_shift=not getattr(args, "no_context_shift", False),
+    )
+    interactive = sys.stdin.isatty()
+    lines = terminal_lines("> ", sys.stderr) if interactive else continued_lines(sys.stdin)
+    if interactive and not args.json:
+        print(
+            f"etsdk chat: {chat.context_length} rows of context; /help lists the commands, a trailing \\ continues "
+            "a line, Ctrl-C stops a reply",
+            file=sys.stderr, flush=True,
+        )
+    try:
+        return chat_loop(chat, lines, sys.stdout, sys.stderr, as_json=args.json, interactive=interactive)
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
 
 
 COMMANDS = (

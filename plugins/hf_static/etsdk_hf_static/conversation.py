@@ -37,15 +37,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from etsdk import GenerationError, GenerationResult, Sampling
 
+from etsdk_hf_static.fitting import context_fixes, does_not_fit, rows_needed
 from etsdk_hf_static.planning import (
     MethodInputs,
     Step,
     check_tokens,
-    context_fixes,
-    does_not_fit,
     full_chunks,
     plan_prompt,
-    rows_needed,
 )
 from etsdk_hf_static.sampling import choose, generator_for
 from etsdk_hf_static.streaming import find_stop
@@ -161,7 +159,7 @@ class Conversation:
         """Continue the conversation with ``prompt_ids`` and generate up to ``max_new_tokens``.
 
         Everything is checked and planned before the first step: token ids, room in
-        the context (:func:`~etsdk_hf_static.planning.rows_needed`: the conversation's
+        the context (:func:`~etsdk_hf_static.fitting.rows_needed`: the conversation's
         tokens + ``len(prompt)`` + ``max_new_tokens`` ``<= S``; the message names the
         fixes that apply). ``on_token`` receives each token as it is chosen (streaming);
         the time it takes is not counted in ``decode_tokens_per_s``. An exception raised

@@ -309,10 +309,18 @@ def test_an_error_after_the_echo_starts_a_new_line() -> None:
 # --------------------------------------------------------------------------- etsdk generate's early refusal
 
 
-@pytest.mark.parametrize(("prompt", "new", "S"), [(20, 20, 31), (31, 1, 31), (40, 2, 31), (5, 200, 128), (128, 1, 128)])
-def test_the_early_refusal_says_what_the_conversation_would(prompt: int, new: int, S: int) -> None:
-    """``etsdk generate`` refuses before the program loads, without importing torch: with the runner's words."""
-    from etsdk_hf_static.commands import _does_not_fit
-    from etsdk_hf_static.planning import context_fixes, does_not_fit
+def test_the_early_refusal_counts_and_words_without_torch() -> None:
+    """``etsdk generate`` refuses before the program loads with the runner's own check (``fitting``), and the
+    command module imports no torch for it."""
+    import subprocess
+    import sys
 
-    assert _does_not_fit(prompt, new, S) == does_not_fit(0, prompt, new, S, context_fixes(0, prompt, new, S))
+    code = (
+        "import sys; import etsdk_hf_static.commands, etsdk_hf_static.fitting as f; "
+        "assert 'torch' not in sys.modules, 'torch imported'; "
+        "print(f.does_not_fit(0, 20, 20, 31, f.context_fixes(0, 20, 20, 31)))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.startswith("20 prompt token(s) + 20 new token(s) = 40 cache rows, but the program's context length S is 31")
+    assert "--max-new-tokens 11" in result.stdout
