@@ -105,7 +105,7 @@ def test_rewind_continues_exactly_like_a_fresh_conversation(any_runner: HfStatic
 
 
 def test_restore_continues_exactly_like_a_fresh_conversation(any_runner: HfStaticRunner) -> None:
-    p1, p2, p3 = prompt_of(2 * T + 1, seed=31), prompt_of(T, seed=32), prompt_of(2, seed=33)
+    p1, p2, p3 = prompt_of(2 * T, seed=31), prompt_of(T, seed=32), prompt_of(2, seed=33)  # 19 + T + NEW = S rows
     conversation = any_runner.new_conversation()
     first = conversation.generate(p1, max_new_tokens=3, stop_at_eos=False)
     snapshot = conversation.snapshot({"turn": 1})
@@ -121,7 +121,7 @@ def test_restore_continues_exactly_like_a_fresh_conversation(any_runner: HfStati
     assert _same_rows(conversation, fresh)
 
 
-@pytest.mark.parametrize("prefix_length", [T - 3, 2 * T, 2 * T + 3])
+@pytest.mark.parametrize("prefix_length", [T - 3, 2 * T, 2 * T + 2])  # longest: prefix + T + 1 + NEW = S
 def test_a_prefix_prefilled_once_forks_into_four_exact_conversations(
     prefix_length: int, any_runner: HfStaticRunner, models: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
