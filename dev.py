@@ -18,17 +18,25 @@ the core and the reference backend), ``tests/cross_plugin`` (imports or runs a p
 ``tests/benchmarks``, and each plugin's own ``plugins/<name>/tests``. ``test --fast`` runs :data:`FAST` (the unit
 layer, the contract-level tests and the plugins' unit tests) without the tests marked ``slow``.
 
-``test`` lints first and runs pytest whatever the lint said; it exits non-zero when either fails, and pytest's
-summary line is the last line it prints. Extra arguments after ``test`` go to pytest (after the fast lane's
-paths with ``--fast``): ``python3 dev.py test --fast -x -k blob``, ``python3 dev.py test tests/hostile``.
+``test`` lints first and runs pytest whatever the lint said; it exits non-zero when either fails, and a summary
+line is the last line it prints. The whole suite runs as several pytest processes (:data:`LANES`): the core's
+tests in one, each plugin's in its own, two at a time where there are two cores (``ETSDK_TEST_JOBS`` sets how
+many); each process's output is printed whole when it ends, and the last line adds them up. Separate processes
+also keep each one's backend registrations apart: the ExecuTorch runtime's backend registry has 16 slots and no
+unregister, and the whole suite registers more distinct test backends than that. Extra arguments after ``test``
+go to pytest (after the fast lane's paths with ``--fast``): ``python3 dev.py test --fast -x -k blob``; with a path
+among them (``python3 dev.py test tests/hostile``) one pytest process runs just that.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 import sys
+import tempfile
+import time
 import venv
 from pathlib import Path
 
@@ -53,6 +61,15 @@ FAST = [
     "tests/integration/test_order.py",
     "plugins/aoti/tests/test_threads.py",
     "plugins/tensorrt/tests/test_trt_units.py",
+]
+
+
+# The whole suite as pytest processes: (name, paths). The core's tests first (the longest), then one per plugin.
+LANES = [
+    ("core", ["tests"]),
+    ("etsdk-hf-static", ["plugins/hf_static/tests"]),
+    ("etsdk-aoti", ["plugins/aoti/tests"]),
+    ("etsdk-tensorrt", ["plugins/tensorrt/tests"]),
 ]
 
 
@@ -116,9 +133,59 @@ def test(args: list[str]) -> int:
     linted = lint(mypy=not fast)
     if linted:
         print("etsdk dev: running the tests anyway; the exit status will be non-zero", flush=True)
-    lane = [*FAST, "-m", "not slow"] if fast else []  # a -m of the caller's comes later and wins
-    tested = subprocess.run([str(_bin("python")), "-m", "pytest", *lane, *args], cwd=ROOT).returncode
+    if fast or any(not arg.startswith("-") and (ROOT / arg.split("::")[0]).exists() for arg in args):
+        lane = [*FAST, "-m", "not slow"] if fast else []  # a -m of the caller's comes later and wins
+        tested = subprocess.run([str(_bin("python")), "-m", "pytest", *lane, *args], cwd=ROOT).returncode
+    else:
+        tested = _lanes(args)
     return tested or linted
+
+
+_SUMMARY = re.compile(r"^=+ (.+) in ([0-9.]+)s")
+_COUNT = re.compile(r"(\d+) (\w+)")
+
+
+def _lanes(args: list[str]) -> int:
+    """Run :data:`LANES` as pytest processes, ``ETSDK_TEST_JOBS`` (default: up to 2) at a time; sum up."""
+    jobs = max(1, int(os.environ.get("ETSDK_TEST_JOBS") or min(2, os.cpu_count() or 1)))
+    logs = Path(tempfile.mkdtemp(prefix="etsdk-test-lanes-"))
+    waiting = list(LANES)
+    running: list[tuple[str, subprocess.Popen[bytes], Path, float]] = []
+    totals: dict[str, int] = {}
+    failed: list[str] = []
+    started = time.perf_counter()
+    print(f"etsdk dev: {len(LANES)} pytest processes, {jobs} at a time (logs in {logs})", flush=True)
+    while waiting or running:
+        while waiting and len(running) < jobs:
+            name, paths = waiting.pop(0)
+            log = logs / f"{name}.log"
+            with log.open("wb") as out:
+                process = subprocess.Popen(
+                    [str(_bin("python")), "-m", "pytest", *paths, *args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT
+                )
+            running.append((name, process, log, time.perf_counter()))
+            print(f"etsdk dev: started {name} ({' '.join(paths)})", flush=True)
+        time.sleep(0.5)
+        for entry in list(running):
+            name, process, log, began = entry
+            code = process.poll()
+            if code is None:
+                continue
+            running.remove(entry)
+            text = log.read_text(errors="replace")
+            print(f"\n{'=' * 30} {name}: pytest {' '.join(LANES[[n for n, _ in LANES].index(name)][1])} {'=' * 30}")
+            print(text.rstrip(), flush=True)
+            summary = next((m for line in reversed(text.splitlines()) if (m := _SUMMARY.match(line.strip()))), None)
+            if summary:
+                for count, word in _COUNT.findall(summary.group(1)):
+                    totals[word] = totals.get(word, 0) + int(count)
+            if code not in (0, 5):  # 5: nothing collected (a -k that selects nothing in this lane)
+                failed.append(f"{name} (exit {code})")
+            print(f"etsdk dev: {name} ended with exit {code} after {time.perf_counter() - began:.0f}s", flush=True)
+    counts = ", ".join(f"{n} {w}" for w, n in sorted(totals.items(), key=lambda kv: (kv[0] not in ("failed", "errors", "error"), kv[0])))
+    verdict = f"; failed: {', '.join(failed)}" if failed else ""
+    print(f"etsdk dev: {counts or 'no tests ran'} in {time.perf_counter() - started:.0f}s over {len(LANES)} pytest processes{verdict}", flush=True)
+    return 1 if failed else 0
 
 
 def apidoc() -> int:

@@ -294,7 +294,10 @@ def test_a_terminal_chat_on_a_default_export_fits_shifts_and_stops_cleanly(defau
         assert re.search(rf"\n\[stopped: kept \d+ tokens? of the reply; \d+ of {MODEL_POSITIONS} rows in use\]\n", stopped), stopped
         term.send(f"/save {saved}\r")
         assert f"etsdk: saved {saved}" in term.read_until(PROMPT)
-        # Ctrl-C at the empty prompt says how to leave, and the chat stays
+        # Ctrl-C at the empty prompt says how to leave, and the chat stays. Not at the very instant the prompt
+        # appears: Python's readline loses a SIGINT that lands between printing the prompt and waiting for input
+        # (its select() then sleeps on), a window no typist hits but a driver sending on the prompt's bytes does
+        time.sleep(0.5)
         term.send("\x03")
         assert "/quit or Ctrl-D to leave" in term.read_until(PROMPT)
         term.send("/quit\r")
