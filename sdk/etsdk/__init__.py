@@ -12,6 +12,7 @@ from etsdk import _moved
 from etsdk._apps.generation import ExportRequest, GenerationResult, Sampling, TextRunner
 from etsdk._format.blob import BlobReader, BlobWriter
 from etsdk._format.dtypes import dtype_name
+from etsdk._format.weight_format import QuantizationPlan, WeightFormat
 from etsdk._plugins.discovery import PluginStatus
 from etsdk._plugins.hookspec import PLUGIN_API_VERSION, hookimpl
 from etsdk._plugins.registry import (
@@ -53,6 +54,7 @@ from etsdk.errors import (
 if TYPE_CHECKING:
     from etsdk._export.lower import MethodSource, lower
     from etsdk._export.output import Lowered, check_output_path
+    from etsdk._quant.modules import QuantizationReport, quantize_model
     from etsdk._runtime.bridge import InitContext, NamedData
     from etsdk._runtime.program import Method, MethodInfo, Program, TensorInfo, data_beside, load
     from etsdk._runtime.record import read_contract
@@ -83,6 +85,8 @@ _LAZY = {
     "TensorInfo": "etsdk._runtime.program",
     "load": "etsdk._runtime.program",
     "read_contract": "etsdk._runtime.record",
+    "QuantizationReport": "etsdk._quant.modules",
+    "quantize_model": "etsdk._quant.modules",
 }
 
 
@@ -133,6 +137,8 @@ __all__ = [
     "PluginValidationError",
     "Program",
     "ProgramError",
+    "QuantizationPlan",
+    "QuantizationReport",
     "RunnerSpec",
     "Session",
     "Snapshot",
@@ -141,6 +147,7 @@ __all__ = [
     "TensorInfo",
     "UnsupportedFeatureError",
     "VerifyReport",
+    "WeightFormat",
     "__version__",
     "check_output_path",
     "data_beside",
@@ -159,6 +166,7 @@ __all__ = [
     "list_plugins",
     "load",
     "lower",
+    "quantize_model",
     "quiet_command_line",
     "read_contract",
     "register_contracts",

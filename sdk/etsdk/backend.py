@@ -34,8 +34,13 @@ Payloads should use the etsdk container (:class:`BlobWriter` /
 Check a backend with the conformance kit: ``etsdk conformance BACKEND_ID`` (or
 ``pytest --etsdk-backend BACKEND_ID``); start one with ``etsdk new-backend``.
 
-Importing this module is cheap; :class:`OperatorPartitioner` and
-:func:`aten_name` import torch and executorch on first use.
+Quantized weights: a call of ``etsdk::linear_q`` / ``etsdk::embedding_q`` carries
+its weight's :class:`WeightFormat`; :func:`quantized_call` reads it from a node,
+a backend declares the formats it runs (``BackendSpec.weight_formats``) and
+derives the planes it needs at load with :func:`weight_planes`.
+
+Importing this module is cheap; :class:`OperatorPartitioner`, :func:`aten_name`
+and the quantized-weight helpers import torch (and executorch) on first use.
 """
 
 from __future__ import annotations
@@ -45,13 +50,16 @@ from typing import TYPE_CHECKING, Any
 from etsdk._export.partition import Constant, NamedDataWriter, Partition, StateUpdate
 from etsdk._format.blob import BlobReader, BlobWriter
 from etsdk._format.dtypes import dtype_name, torch_dtype
+from etsdk._format.weight_format import WeightFormat, WeightLayout, WeightUse
 from etsdk._plugins.specs import Availability, BackendSpec, Capability, Option
 from etsdk._runtime.bridge import DelegateHandle, InitContext, NamedData, RuntimeBinding, readonly_tensor
-from etsdk._runtime.bridge.build import cache_dir
+from etsdk._runtime.bridge.build import build_native_library, cache_dir
 from etsdk._state.signature import ArgSpec, DelegateSignature, StateBinding
 
 if TYPE_CHECKING:
     from etsdk._export.operator_partitioner import OperatorPartitioner, aten_name
+    from etsdk._quant.ops import QuantizedCall, call_arguments, quantized_call
+    from etsdk._quant.planes import Planes, dequantize, weight_planes
 
 __all__ = [
     "ArgSpec",
@@ -69,17 +77,36 @@ __all__ = [
     "OperatorPartitioner",
     "Option",
     "Partition",
+    "Planes",
+    "QuantizedCall",
     "RuntimeBinding",
     "StateBinding",
     "StateUpdate",
+    "WeightFormat",
+    "WeightLayout",
+    "WeightUse",
     "aten_name",
+    "build_native_library",
+    "call_arguments",
     "cache_dir",
+    "dequantize",
     "dtype_name",
+    "quantized_call",
     "readonly_tensor",
     "torch_dtype",
+    "weight_planes",
 ]
 
-_LAZY = {"OperatorPartitioner": "etsdk._export.operator_partitioner", "aten_name": "etsdk._export.operator_partitioner"}
+_LAZY = {
+    "OperatorPartitioner": "etsdk._export.operator_partitioner",
+    "aten_name": "etsdk._export.operator_partitioner",
+    "QuantizedCall": "etsdk._quant.ops",
+    "quantized_call": "etsdk._quant.ops",
+    "call_arguments": "etsdk._quant.ops",
+    "Planes": "etsdk._quant.planes",
+    "dequantize": "etsdk._quant.planes",
+    "weight_planes": "etsdk._quant.planes",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from etsdk._format.weight_format import QuantizationPlan
 from etsdk.errors import GenerationError
 
 __all__ = ["MIN_TEMPERATURE", "ExportRequest", "GenerationError", "GenerationResult", "Sampling", "TextRunner"]
@@ -168,6 +169,7 @@ class ExportRequest:
     ``sizes``: the contract's sizes the caller chooses (``{"T": 8, "S": 64}``).
     ``external_data``: weights in a ``.ptd`` beside the ``.pte``.
     ``partitioner_options``: backend id (or short name) -> partitioner options.
+    ``quantization``: which layers to quantize to which weight format (None: keep the model's weights).
     """
 
     model: object
@@ -179,6 +181,7 @@ class ExportRequest:
     #: True: no progress lines on stderr (``etsdk export --quiet``).
     quiet: bool = False
     partitioner_options: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
+    quantization: QuantizationPlan | None = None
 
 
 @runtime_checkable

@@ -15,6 +15,9 @@ Every plugin partitioner is wrapped by :class:`CorePartitioner`, which
 * marks each declared state's buffer placeholder (``STATE_META``: the state
   identity) before the plugin sees the graph, so an ``OperatorPartitioner``
   with ``state_claims="all_or_none"`` knows every state, not only the mutated;
+* marks each quantized-weight call whose format the backend does not declare
+  (``BackendSpec.weight_formats``), and refuses a result that claims one
+  (:mod:`etsdk._export.weight_claims`);
 * tags declared state into the one delegate that reads and writes it, in
   whichever pass that delegate is claimed, and refuses a state split across
   delegates or updated outside its delegate, naming the operators and both
@@ -36,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from etsdk._channels import EXPORT_HOOKS, LOWERING
+from etsdk._export.weight_claims import check_claims, mark_refusals
 from etsdk._format.envelope import wrap_blob
 from etsdk._state.signature import NODE_ID_META, STATE_META, DelegateSignature, input_sources, operator_name
 from etsdk.errors import EtsdkError, ExportError
@@ -73,6 +77,8 @@ class LoweringContext:
     kept: dict[str, dict[str, Any]] = field(default_factory=dict)  # method -> operators kept whole (seen at decomposition)
     transforms: list[PayloadTransform] = field(default_factory=list)
     observers: list[DelegateObserver] = field(default_factory=list)
+    #: node id -> why each backend that saw a quantized call could not claim it (etsdk._export.weight_claims)
+    weight_refusals: dict[str, list[str]] = field(default_factory=dict)
     _next_id: int = 0
 
     def __post_init__(self) -> None:
@@ -139,6 +145,16 @@ class CorePartitioner:
         self.partitioner = _Wrapped()
 
     @property
+    def weight_formats(self) -> tuple[str, ...]:
+        """The quantized weight formats the backend declares (``BackendSpec.weight_formats``)."""
+        from etsdk._plugins.registry import get_backend
+
+        try:
+            return get_backend(self.backend_id).weight_formats
+        except EtsdkError:
+            return ()
+
+    @property
     def state_device(self) -> str:
         return str(getattr(self.inner, "state_device", "cpu"))
 
@@ -158,6 +174,7 @@ class CorePartitioner:
             if node.op == "placeholder" and buffers.get(node.name) in states:
                 node.meta[STATE_META] = states[buffers[node.name]]
         where = f"method '{self.method}', backend '{self.backend_id}'"
+        mark_refusals(exported_program, self.backend_id, self.weight_formats, self.context.weight_refusals)
         try:
             result = self.inner.partition(exported_program)
         except EtsdkError:
@@ -166,6 +183,7 @@ class CorePartitioner:
             raise ExportError(f"{where}: the partitioner raised {type(exc).__name__}: {exc}") from exc
         if not isinstance(result, PartitionResult):
             raise ExportError(f"{where}: the partitioner returned {type(result).__name__}, expected a PartitionResult")
+        check_claims(exported_program, result.partition_tags, where)
         wrong = sorted({spec.backend_id for spec in result.partition_tags.values()} - {self.backend_id})
         if wrong:
             raise ExportError(

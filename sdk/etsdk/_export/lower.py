@@ -235,9 +235,11 @@ def lower_to_edge(exported: Mapping[str, Any], plan: PartitionPlan, context: Any
 
 
 def check_delegation(methods: Mapping[str, MethodSource], edge: Any, context: Any) -> dict[str, Any]:
-    """Stage 6: per method, state left no trace in the top-level program, every operator kept whole was
-    claimed, and the engine's binding order equals each delegate's signature (by node identity)."""
+    """Stage 6: per method, state left no trace in the top-level program, every operator kept whole and every
+    quantized weight was claimed, and the engine's binding order equals each delegate's signature (by node
+    identity)."""
     from etsdk._export.core_partitioner import check_mutations_declared, kept_whole_left
+    from etsdk._export.weight_claims import check_weights_claimed
     from etsdk._state.signature import check_binding_order
 
     context.progress("checking binding order and state placement")
@@ -258,6 +260,7 @@ def check_delegation(methods: Mapping[str, MethodSource], edge: Any, context: An
                 f"method '{name}': operator(s) {', '.join(unclaimed)} were kept whole for a backend of this method "
                 "(ops_to_not_decompose) but no backend claimed them, and the portable kernels need them decomposed"
             )
+        check_weights_claimed(name, lowered_program, context.weight_refusals)
         records[name] = check_binding_order(name, lowered_program.graph_module, context.sealed)
     return records
 

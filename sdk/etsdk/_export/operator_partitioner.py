@@ -22,6 +22,7 @@ from executorch.exir.backend.utils import get_non_lowered_nodes, tag_constant_da
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
+from etsdk._export.weight_claims import REFUSED_META
 from etsdk._state.signature import STATE_META
 from etsdk.errors import BackendError
 
@@ -30,12 +31,13 @@ __all__ = ["OperatorPartitioner", "aten_name", "state_operators"]
 #: The values of ``OperatorPartitioner(state_claims=...)`` (see its docstring).
 _STATE_CLAIMS = ("per_operator", "all_or_none")
 
-#: Operator namespaces whose overloads have an ``aten::name.overload`` style name.
-_NAMESPACES = frozenset({"aten", "dim_order_ops"})
+#: Operator namespaces whose overloads have an ``aten::name.overload`` style name (``etsdk``: the quantized-weight
+#: operators ``etsdk::linear_q`` and ``etsdk::embedding_q``).
+_NAMESPACES = frozenset({"aten", "dim_order_ops", "etsdk"})
 
 
 def aten_name(target: Any) -> str | None:
-    """The operator name ``OperatorPartitioner(ops=...)`` matches, for an aten / dim_order_ops overload, else None.
+    """The operator name ``OperatorPartitioner(ops=...)`` matches, for an aten / dim_order_ops / etsdk overload, else None.
 
     ``"aten::add.Tensor"`` for ``aten.add.Tensor`` (ATen or edge dialect alike); a *default* overload is spelled
     without ``.default``: ``"aten::relu"`` for ``aten.relu.default``, ``"aten::addmm"`` for ``aten.addmm.default``.
@@ -59,8 +61,8 @@ class _Support(OperatorSupportBase):
         self.accept = accept
 
     def is_node_supported(self, submodules: Any, node: torch.fx.Node) -> bool:
-        if node.op != "call_function" or node not in self.candidates:
-            return False
+        if node.op != "call_function" or node not in self.candidates or REFUSED_META in node.meta:
+            return False  # REFUSED_META: a quantized weight in a format the backend does not declare
         if node.target is operator.getitem:
             return True
         return self.accept(node)

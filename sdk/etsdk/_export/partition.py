@@ -115,6 +115,42 @@ class NamedDataWriter:
         self._store.add_named_data(key, data, alignment=alignment, external_tag=self.external)
         return key
 
+    def add_weight(self, tensor: Any, *, alignment: int = 64) -> str:
+        """Store one weight tensor (contiguous bytes) streamed through a file; returns ``"weights/<sha256>"``.
+
+        The canonical entry of a weight: every backend that stores a model tensor this way under the same
+        bytes shares one entry in the program (a mixed program stores each weight once), the bytes are hashed
+        while they are written, and no copy of the tensor is held in memory until the program is written.
+        ``NamedData.get_tensor(key, dtype, shape)`` reads it back zero-copy.
+        """
+        import tempfile
+
+        import torch
+
+        data = tensor.detach()
+        if data.device.type != "cpu":
+            data = data.cpu()
+        data = data.contiguous()
+        digest = hashlib.sha256()
+        fd, name = tempfile.mkstemp(prefix="etsdk-weight-", suffix=".bin")
+        try:
+            with open(fd, "wb") as out:
+                if data.numel():
+                    view = memoryview(data.reshape(-1).view(torch.uint8).numpy())
+                    for start in range(0, view.nbytes, _CHUNK):
+                        chunk = view[start : start + _CHUNK]
+                        digest.update(chunk)
+                        out.write(chunk)
+        except BaseException:
+            Path(name).unlink(missing_ok=True)
+            raise
+        from executorch.exir._serialize._cord import FileBackedData
+
+        key = f"weights/{digest.hexdigest()}"
+        backed = FileBackedData(name, cleanup=True, sha256=digest.digest())
+        self._store.add_named_data(key, backed, alignment=alignment, external_tag=self.external)
+        return key
+
     def output(self) -> Any:
         """ExecuTorch's ``NamedDataStoreOutput`` (the core hands it over; backends never need it)."""
         return self._store.get_named_data_store_output()

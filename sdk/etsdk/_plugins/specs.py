@@ -141,8 +141,19 @@ class BackendSpec:
     #: One line describing the backend (informational).
     description: str = ""
     options: tuple[Option, ...] = ()
+    #: The quantized weight formats the backend computes (``WeightFormat`` or names such as ``"int4:g32"``;
+    #: stored as names). The core lets a partitioner claim a call of ``etsdk::linear_q`` / ``embedding_q``
+    #: only in these formats, and refuses to load a program whose delegate reads another.
+    weight_formats: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        from etsdk._format.weight_format import WeightFormat
+
+        try:
+            names = tuple(f.name if isinstance(f, WeightFormat) else WeightFormat.parse(f).name for f in self.weight_formats)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"BackendSpec({self.id!r}).weight_formats: {exc}") from None
+        object.__setattr__(self, "weight_formats", names)
         if not self.id.isidentifier():
             raise ValueError(f"backend id must be a Python identifier, got {self.id!r}")
         for name in ("partitioner", "preprocess", "runtime", "probe"):
@@ -150,9 +161,9 @@ class BackendSpec:
                 raise TypeError(f"BackendSpec({self.id!r}).{name} must be callable")
         if not all(isinstance(o, Option) for o in self.options):
             raise TypeError(f"BackendSpec({self.id!r}).options must be a tuple of etsdk.Option")
-        names = [o.name for o in self.options]
-        if len(set(names)) != len(names):
-            raise ValueError(f"BackendSpec({self.id!r}).options declares an option twice: {names}")
+        option_names = [o.name for o in self.options]
+        if len(set(option_names)) != len(option_names):
+            raise ValueError(f"BackendSpec({self.id!r}).options declares an option twice: {option_names}")
 
 
 @dataclass(frozen=True, slots=True)

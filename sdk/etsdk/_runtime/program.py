@@ -357,14 +357,14 @@ class Program:
         return f"Program({str(self.path)!r}, methods={list(self.methods)})"
 
 
-def _resolve_backends(backends: dict[str, tuple[str, ...]], path: Path) -> None:
+def _resolve_backends(backends: dict[str, tuple[str, ...]], path: Path, record: ProgramRecord | None) -> None:
     from etsdk._plugins.registry import get_backend
 
     builtin = set(runtime_backend_names())
     for method, ids in backends.items():
         for backend_id in dict.fromkeys(ids):
             try:
-                get_backend(backend_id, require_available=True)
+                spec = get_backend(backend_id, require_available=True)
             except BackendNotFoundError as exc:
                 if backend_id in builtin:
                     continue  # built into the executorch wheel (e.g. XnnpackBackend)
@@ -373,7 +373,24 @@ def _resolve_backends(backends: dict[str, tuple[str, ...]], path: Path) -> None:
                     f"the ExecuTorch runtime nor any installed etsdk plugin provides. {exc}",
                     backend_id=backend_id,
                 ) from None
+            _check_weight_formats(record, method, backend_id, spec.weight_formats, path)
             ensure_registered(backend_id)
+
+
+def _check_weight_formats(record: ProgramRecord | None, method: str, backend_id: str, declared: tuple[str, ...], path: Path) -> None:
+    """Refuse a delegate reading a quantized weight in a format its (installed) backend does not declare."""
+    if record is None:
+        return
+    for index, delegate in enumerate(record.methods.get(method, ())):
+        if delegate.backend != backend_id:
+            continue
+        for weight in delegate.signature.weights:
+            if weight.format not in declared:
+                raise ProgramError(
+                    f"{path.name}: method '{method}', delegate {index} ({backend_id}) reads weight '{weight.name}' "
+                    f"in format {weight.format}, which the installed {backend_id} does not declare (it declares: "
+                    f"{', '.join(declared) or 'none'}); upgrade the plugin or re-export for a backend that runs it"
+                )
 
 
 def data_beside(path: str | Path) -> Path | None:
@@ -404,7 +421,7 @@ def load(path: str | Path, data: str | Path | None = None, *, verify: bool = Fal
             raise_on_mismatch(hash_entries(checked.files.program.fd, checked.layout.entries, checked.path.name))
             if checked.files.data is not None and checked.data_layout is not None and checked.data_path is not None:
                 raise_on_mismatch(hash_entries(checked.files.data.fd, checked.data_layout.entries, checked.data_path.name))
-        _resolve_backends(checked.backends, checked.path)
+        _resolve_backends(checked.backends, checked.path, checked.record)
         from executorch.runtime import Runtime, Verification
 
         try:

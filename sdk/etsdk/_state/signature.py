@@ -47,6 +47,7 @@ __all__ = [
     "PROGRAM_RECORD_KEY",
     "ProgramRecord",
     "StateBinding",
+    "WeightRecord",
     "check_binding_order",
     "find_program_record_key",
     "is_program_record_key",
@@ -58,7 +59,7 @@ __all__ = [
 PROGRAM_RECORD_KEY = "etsdk/program"
 PROGRAM_FORMAT = "etsdk.program"
 PROGRAM_FORMAT_MAJOR = 2
-PROGRAM_FORMAT_MINOR = 1  # 2.1: the model fingerprint (etsdk._format.fingerprint)
+PROGRAM_FORMAT_MINOR = 2  # 2.1: the model fingerprint (etsdk._format.fingerprint); 2.2: delegates' quantized weights
 #: Node meta key carrying a node's identity through partitioning (export only, never serialized).
 NODE_ID_META = "etsdk_node_id"
 #: Node meta key the core puts on a declared state's buffer placeholder before each partitioner pass: the state
@@ -105,6 +106,20 @@ class StateBinding:
 
 
 @dataclass(frozen=True, slots=True)
+class WeightRecord:
+    """A quantized weight a delegate reads: its module name, format name, logical ``[N, K]`` and use."""
+
+    #: The weight's module name (``model.layers.0.mlp.up_proj``).
+    name: str
+    #: The :class:`etsdk.backend.WeightFormat` name (``int4:g32``).
+    format: str
+    #: The weight's logical ``[N, K]`` (``[out_features, in_features]`` of a linear layer).
+    shape: tuple[int, ...]
+    #: ``linear`` or ``embedding`` (:class:`etsdk.backend.WeightUse`).
+    use: str
+
+
+@dataclass(frozen=True, slots=True)
 class DelegateSignature:
     """What a delegate binds: inputs and outputs in binding order, state, claimed operators.
 
@@ -125,6 +140,8 @@ class DelegateSignature:
     payload_sha256: str = ""
     payload_features: tuple[str, ...] | None = None
     uid: str = ""
+    #: The quantized weights the delegate reads, in graph order (none in records before format 2.2).
+    weights: tuple[WeightRecord, ...] = ()
 
     @property
     def state_by_placeholder(self) -> dict[str, StateBinding]:
@@ -168,7 +185,8 @@ class DelegateSignature:
             if node.op == "call_function" and node.target is not operator.getitem:
                 name = operator_name(node.target)
                 counts[name] = counts.get(name, 0) + 1
-        return cls(tuple(inputs), tuple(outputs), tuple(bound), tuple(sorted(counts.items())))
+        weights = _weight_records(edge_program) if any(n.startswith("etsdk::") for n in counts) else ()
+        return cls(tuple(inputs), tuple(outputs), tuple(bound), tuple(sorted(counts.items())), weights=weights)
 
     def sealed(self, payload: bytes | memoryview) -> DelegateSignature:
         """This signature with the payload's hash and the uid derived from both."""
@@ -205,6 +223,7 @@ class DelegateSignature:
                 for s in self.states
             ],
             "operators": [[name, count] for name, count in self.operators],
+            **({"weights": [[w.name, w.format, list(w.shape), w.use] for w in self.weights]} if self.weights else {}),
         }
 
     @classmethod
@@ -231,9 +250,24 @@ class DelegateSignature:
                     None if obj["payload_features"] is None else tuple(_str(f) for f in obj["payload_features"])
                 ),
                 uid=_str(obj["uid"]),
+                weights=tuple(
+                    WeightRecord(_str(name), _str(fmt), _shape(shape), _str(use)) for name, fmt, shape, use in obj.get("weights", [])
+                ),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProgramError(f"{where}: malformed delegate signature ({type(exc).__name__}: {exc})") from None
+
+
+def _weight_records(edge_program: Any) -> tuple[WeightRecord, ...]:
+    from etsdk._quant.ops import quantized_call
+
+    buffers = edge_program.graph_signature.inputs_to_buffers
+    found = []
+    for node in edge_program.graph.nodes:
+        call = quantized_call(node)
+        if call is not None:
+            found.append(WeightRecord(call.weight_name(buffers), call.format.name, call.shape, call.use.value))
+    return tuple(found)
 
 
 def operator_name(target: Any) -> str:

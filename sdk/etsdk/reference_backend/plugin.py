@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from etsdk._format.weight_format import WeightFormat
 from etsdk._plugins.hookspec import hookimpl
 from etsdk._plugins.specs import BackendSpec, Capability, Option
 from etsdk.reference_backend import BACKEND_ID
@@ -46,6 +47,8 @@ def etsdk_register_backends() -> list[BackendSpec]:
             runtime=_runtime,
             capabilities=frozenset({Capability.CPU, Capability.NAMED_DATA, Capability.CALLER_OWNED_STATE}),
             description="computes its partitions with plain torch ops (reference and example)",
+            # the quantized operators' own reference math (dequantize, then compute): every format
+            weight_formats=tuple(f.name for f in WeightFormat.every()),
             options=(
                 Option("ops", (list, tuple, frozenset, set), None, "aten operator names to claim (default: every one)"),
             ),

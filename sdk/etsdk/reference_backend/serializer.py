@@ -58,7 +58,7 @@ def preprocess(partition: Partition) -> BlobWriter:
                 inputs.append({"kind": "state", "index": state_index[node]})
             else:
                 tensor = constants[node.name].tensor.detach().contiguous()
-                key = partition.named_data.add_tensor(tensor)
+                key = partition.named_data.add_weight(tensor)
                 inputs.append(
                     {"kind": "constant", "key": key, "dtype": _dtype_name(tensor.dtype), "shape": list(tensor.shape)}
                 )

@@ -111,21 +111,15 @@ def _cache_key(command: list[str]) -> str:
     return h.hexdigest()[:16]
 
 
-def build(*, force: bool = False, verbose: bool = False) -> Path:
-    """Compile the bridge if the cache has no matching build; return the library path."""
-    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    placeholder = Path("OUTPUT")
-    key = _cache_key(_command(placeholder))
-    target = cache_dir() / "bridge" / key / f"{_MODULE_NAME}{suffix}"
-    if target.is_file() and not force:
-        return target
+def _compile(command: list[str], target: Path, what: str, *, verbose: bool = False) -> None:
+    """Run ``command`` (whose last argument is the output path) into ``target`` atomically."""
     target.parent.mkdir(parents=True, exist_ok=True)
     # Build into a temporary file and rename: concurrent builders never see a
     # half-written library, and the last rename wins with identical content.
-    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=suffix)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=target.suffix)
     os.close(fd)
-    command = _command(Path(tmp))
-    print(f"etsdk: building the native bridge ({target.parent.name}) ...", file=sys.stderr, flush=True)
+    command = [*command[:-1], tmp]
+    print(f"etsdk: building {what} ({target.parent.name}) ...", file=sys.stderr, flush=True)
     if verbose:
         print(" ".join(shlex.quote(c) for c in command), file=sys.stderr)
     try:
@@ -136,10 +130,42 @@ def build(*, force: bool = False, verbose: bool = False) -> Path:
     if result.returncode != 0:
         os.unlink(tmp)
         raise BridgeBuildError(
-            f"compiling the etsdk native bridge failed (exit {result.returncode}):\n"
-            + "\n".join(result.stderr.strip().splitlines()[-30:])
+            f"compiling {what} failed (exit {result.returncode}):\n" + "\n".join(result.stderr.strip().splitlines()[-30:])
         )
     os.replace(tmp, target)
+
+
+def build(*, force: bool = False, verbose: bool = False) -> Path:
+    """Compile the bridge if the cache has no matching build; return the library path."""
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    placeholder = Path("OUTPUT")
+    key = _cache_key(_command(placeholder))
+    target = cache_dir() / "bridge" / key / f"{_MODULE_NAME}{suffix}"
+    if target.is_file() and not force:
+        return target
+    _compile(_command(placeholder), target, "the native bridge", verbose=verbose)
+    return target
+
+
+def build_native_library(name: str, sources: list[Path], flags: list[str], *, verbose: bool = False) -> Path:
+    """Compile ``sources`` into the shared library ``lib<name>.so`` once, cached by content; return its path.
+
+    For a plugin's own native code (etsdk-aoti's quantized kernels): the same compiler lookup as the native
+    bridge (``$CXX``, else ``c++`` / ``g++`` / ``clang++``, with an install hint when there is none), ``-O3
+    -shared -fPIC -std=c++17`` plus ``flags``, into ``<cache>/native/<name>/<key>/``, where the key covers
+    the sources, the flags and the compiler. Raises :class:`etsdk.BridgeBuildError` with the compiler's last
+    lines when it fails.
+    """
+    if not name.isidentifier():
+        raise ValueError(f"a native library name is a Python identifier, found {name!r}")
+    command = [*_compiler(), "-O3", "-std=c++17", "-shared", "-fPIC", *map(str, sources), *flags, "-o", "OUTPUT"]
+    h = hashlib.sha256()
+    for source in sources:
+        h.update(Path(source).read_bytes())
+    h.update(" ".join(command).encode())
+    target = cache_dir() / "native" / name / h.hexdigest()[:16] / f"lib{name}.so"
+    if not target.is_file():
+        _compile(command, target, f"native library {name}", verbose=verbose)
     return target
 
 

@@ -1,0 +1,1 @@
+"""Quantized weights with torch: the operators that read them, quantizing, and the planes a backend derives."""
