@@ -8,8 +8,6 @@ sections, in this order:
     {"device": "cpu" | "cuda" | "cuda:N",   the device the library was compiled for
      "num_inputs": int,                     the library's inputs: the delegate's inputs, then its state inputs
      "num_outputs": int,                    the library's outputs: the delegate's outputs
-     "weights_key": str | null,             the named-data entry holding the weights (layout: etsdk_aoti.weights)
-     "weights_bytes": int,                  its size in bytes (0 without one)
      "library_sha256": str,                 hex SHA-256 of section ``library``
      "state_inputs": [int]}                 the state bindings (indices into the signature's states) the library
                                             takes after the delegate's inputs: every binding, in order
@@ -17,18 +15,26 @@ sections, in this order:
 ``constants`` (JSON list): one record per constant the *container* reports, in container order::
 
     {"name", "fqn", "kind", "folded", "dtype_code", "nbytes", "source"}
-    + for source "weights": {"dtype", "shape", "stride", "offset"}
+    + for source "entry":   {"dtype", "shape", "stride", "key"}
+    + for source "derived": {"dtype", "shape", "stride", "derive": {"format", "weight_shape", "stored", "plane"}}
 
     kind:   the container's: "unknown" | "parameter" | "buffer" | "tensor_constant" | "folded"
-    source: "weights" (a slot of the weights entry at ``offset``, viewed as dtype / shape / stride),
-            "absent" (not in the weights: bound to zeros where the completeness rule allows it),
+    source: "entry" (its own named-data entry ``key``, content-addressed: a weight another delegate of the
+                     program reads too is the same entry), viewed as dtype / shape / stride,
+            "derived" (computed at load: ``plane`` ("qdata", "scales" or "mins", float32 scales) of the planes of
+                     a quantized weight in ``format`` of logical shape ``weight_shape``, stored as the entries
+                     ``stored`` (plane or "blocks" -> key)),
+            "absent" (not stored: bound to zeros where the completeness rule allows it),
             "folded" (computed by the library's constant folding at load)
 
 ``library``: the compiled ``.so`` (4096-aligned), streamed from Inductor's output file.
 
 Required features (a reader refuses any it does not know): ``aoti.container.v1`` always;
-``aoti.state_inputs.v1`` when ``state_inputs`` is not empty. A constant with source ``"state"`` (blobs from
-before ``aoti.state_inputs.v1``) is refused: the program must be re-exported.
+``aoti.state_inputs.v1`` when ``state_inputs`` is not empty; ``aoti.named_constants.v1`` when a constant has
+source "entry" or "derived"; ``aoti.kernels.qmm.v1`` when the library calls etsdk-aoti's quantized kernels
+(:mod:`etsdk_aoti.kernels`). Blobs of older layouts are refused with the advice to re-export: a constant with
+source ``"state"`` (before ``aoti.state_inputs.v1``) or ``"weights"`` (a slot of one weights entry per
+delegate, before ``aoti.named_constants.v1``).
 
 Both JSON sections are written with ``json.dumps``' default spacing and in the key order above: the bytes of a
 blob are part of the program's recorded hash.
@@ -53,7 +59,11 @@ BLOB_FEATURE = "aoti.container.v1"
 #: the library takes the delegate's state as inputs after its engine inputs (config ``state_inputs``); a reader
 #: without this feature would run it with too few inputs, so it is a required feature of such blobs
 STATE_INPUTS_FEATURE = "aoti.state_inputs.v1"
-KNOWN_FEATURES = frozenset({BLOB_FEATURE, STATE_INPUTS_FEATURE})
+#: the library calls etsdk-aoti's quantized kernels (``aoti_torch_cpu_etsdk_qmm``, etsdk_aoti.kernels)
+KERNELS_FEATURE = "aoti.kernels.qmm.v1"
+#: constants read from their own named-data entries or derived at load (sources "entry" / "derived")
+NAMED_CONSTANTS_FEATURE = "aoti.named_constants.v1"
+KNOWN_FEATURES = frozenset({BLOB_FEATURE, STATE_INPUTS_FEATURE, NAMED_CONSTANTS_FEATURE, KERNELS_FEATURE})
 
 PRODUCER = "etsdk-aoti"
 CONFIG_SECTION = "config"
@@ -68,21 +78,18 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 class Source(str, enum.Enum):
     """Where a constant's data comes from at load."""
 
-    WEIGHTS = "weights"
+    ENTRY = "entry"
+    DERIVED = "derived"
     ABSENT = "absent"
     FOLDED = "folded"
 
 
-#: the source blobs written before ``aoti.state_inputs.v1`` gave a state bound as a constant
-LEGACY_STATE_SOURCE = "state"
-
-
-@dataclass(frozen=True, slots=True)
-class WeightsEntry:
-    """The named-data entry holding a delegate's weights."""
-
-    key: str
-    nbytes: int
+#: sources of older layouts, refused with the advice to re-export: a state bound as a constant (before
+#: ``aoti.state_inputs.v1``), a slot of the delegate's one weights entry (before ``aoti.named_constants.v1``)
+LEGACY_SOURCES = {
+    "state": f"a state bound as a constant, written before state became a library input ({STATE_INPUTS_FEATURE})",
+    "weights": f"a slot of one weights entry per delegate, written before {NAMED_CONSTANTS_FEATURE}",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,19 +99,28 @@ class Config:
     device: str
     num_inputs: int
     num_outputs: int
-    weights: WeightsEntry | None
     library_sha256: str
     state_inputs: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
-class WeightsSlot:
-    """Where a ``weights`` constant lies in the weights entry, and the tensor its bytes are."""
+class TensorView:
+    """The tensor a stored constant's bytes are."""
 
-    offset: int
     dtype: str
     shape: tuple[int, ...]
     stride: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Derivation:
+    """How a ``derived`` constant is computed at load (see the module docstring)."""
+
+    format: str
+    weight_shape: tuple[int, int]
+    #: stored plane ("blocks", "qdata", "scales", "mins") -> named-data key
+    stored: tuple[tuple[str, str], ...]
+    plane: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +134,9 @@ class Constant:
     dtype_code: int
     nbytes: int
     source: Source
-    slot: WeightsSlot | None = None  # exactly when source is WEIGHTS
+    view: TensorView | None = None  # exactly when source is ENTRY or DERIVED
+    key: str | None = None  # exactly when source is ENTRY
+    derive: Derivation | None = None  # exactly when source is DERIVED
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,8 +151,18 @@ class AotiBlob:
     constants: tuple[Constant, ...]
     library: Path | bytes | memoryview
 
+    #: the library calls etsdk-aoti's quantized kernels (feature ``aoti.kernels.qmm.v1``)
+    calls_kernels: bool = False
+
     def required_features(self) -> list[str]:
-        return [BLOB_FEATURE, STATE_INPUTS_FEATURE] if self.config.state_inputs else [BLOB_FEATURE]
+        features = [BLOB_FEATURE]
+        if self.config.state_inputs:
+            features.append(STATE_INPUTS_FEATURE)
+        if any(c.source in (Source.ENTRY, Source.DERIVED) for c in self.constants):
+            features.append(NAMED_CONSTANTS_FEATURE)
+        if self.calls_kernels:
+            features.append(KERNELS_FEATURE)
+        return features
 
     @property
     def folds_constants(self) -> bool:
@@ -162,8 +190,6 @@ def _config_json(config: Config) -> dict[str, Any]:
         "device": config.device,
         "num_inputs": config.num_inputs,
         "num_outputs": config.num_outputs,
-        "weights_key": config.weights.key if config.weights is not None else None,
-        "weights_bytes": config.weights.nbytes if config.weights is not None else 0,
         "library_sha256": config.library_sha256,
         "state_inputs": list(config.state_inputs),
     }
@@ -179,13 +205,17 @@ def _constant_json(constant: Constant) -> dict[str, Any]:
         "nbytes": constant.nbytes,
         "source": constant.source.value,
     }
-    if constant.slot is not None:
-        record.update(
-            dtype=constant.slot.dtype,
-            shape=list(constant.slot.shape),
-            stride=list(constant.slot.stride),
-            offset=constant.slot.offset,
-        )
+    if constant.view is not None:
+        record.update(dtype=constant.view.dtype, shape=list(constant.view.shape), stride=list(constant.view.stride))
+    if constant.key is not None:
+        record["key"] = constant.key
+    if constant.derive is not None:
+        record["derive"] = {
+            "format": constant.derive.format,
+            "weight_shape": list(constant.derive.weight_shape),
+            "stored": dict(constant.derive.stored),
+            "plane": constant.derive.plane,
+        }
     return record
 
 
@@ -230,6 +260,12 @@ def decode(payload: memoryview | bytes, *, state_bindings: int | None = None) ->
         raise BlobFormatError(f"etsdk-aoti blob: section '{CONSTANTS_SECTION}' must be a list, found {type(raw).__name__}")
     constants = tuple(_parse_constant(record, i) for i, record in enumerate(raw))
     _check_constants(constants, config)
+    named = any(c.source in (Source.ENTRY, Source.DERIVED) for c in constants)
+    if named and NAMED_CONSTANTS_FEATURE not in reader.required_features:
+        raise BlobFormatError(
+            f"etsdk-aoti blob: constants read from named-data entries, but the blob does not require "
+            f"{NAMED_CONSTANTS_FEATURE} (it requires {', '.join(reader.required_features)})"
+        )
     library = reader.section(LIBRARY_SECTION)
     digest = library_sha256(library)
     if digest != config.library_sha256:
@@ -237,7 +273,7 @@ def decode(payload: memoryview | bytes, *, state_bindings: int | None = None) ->
             f"etsdk-aoti: the compiled library's SHA-256 is {digest[:16]}..., the blob records "
             f"{config.library_sha256[:16]}...; refusing to load a damaged library"
         )
-    return AotiBlob(config, constants, library)
+    return AotiBlob(config, constants, library, calls_kernels=KERNELS_FEATURE in reader.required_features)
 
 
 def _json(reader: BlobReader, name: str) -> Any:
@@ -306,18 +342,6 @@ def _parse_config(raw: Any, state_bindings: int | None) -> Config:
     sha = f.text("library_sha256")
     if not _SHA256.fullmatch(sha):
         raise f.fail("library_sha256", "64 lowercase hex digits")
-    key = f.get("weights_key")
-    weights_bytes = f.size("weights_bytes")
-    if key is None:
-        if weights_bytes:
-            raise BlobFormatError(
-                f"etsdk-aoti blob: config.weights_bytes is {weights_bytes} but config.weights_key is null (no weights entry)"
-            )
-        weights = None
-    elif isinstance(key, str) and key:
-        weights = WeightsEntry(key, weights_bytes)
-    else:
-        raise f.fail("weights_key", "a named-data key or null")
     indices = f.get("state_inputs")
     count = state_bindings if state_bindings is not None else len(indices) if isinstance(indices, list) else 0
     expected = list(range(count))
@@ -331,7 +355,6 @@ def _parse_config(raw: Any, state_bindings: int | None) -> Config:
         device=device,
         num_inputs=f.size("num_inputs"),
         num_outputs=f.size("num_outputs"),
-        weights=weights,
         library_sha256=sha,
         state_inputs=tuple(indices),
     )
@@ -350,24 +373,28 @@ def _parse_constant(raw: Any, index: int) -> Constant:
     if kind is None:
         raise f.fail("kind", f"one of {', '.join(_KINDS)}")
     source_name = f.get("source")
-    if source_name == LEGACY_STATE_SOURCE:
+    if isinstance(source_name, str) and source_name in LEGACY_SOURCES:
         raise BlobFormatError(
-            f"constant '{name}' is bound to a state: a blob written before state became a library input "
-            f"({STATE_INPUTS_FEATURE}); re-export the program"
+            f"constant '{name}' has source {source_name!r}: {LEGACY_SOURCES[source_name]}; re-export the program"
         )
     source = _SOURCES.get(source_name) if isinstance(source_name, str) else None
     if source is None:
         raise BlobFormatError(
             f"constant '{name}' has unknown source {source_name!r} (expected one of {', '.join(_SOURCES)})"
         )
-    slot = None
-    if source is Source.WEIGHTS:
+    view = derive = None
+    key: str | None = None
+    if source in (Source.ENTRY, Source.DERIVED):
         shape, stride = f.sizes("shape"), f.sizes("stride")
         if len(shape) != len(stride):
             raise BlobFormatError(
                 f"etsdk-aoti blob: {f.where}: shape {list(shape)} and stride {list(stride)} differ in length"
             )
-        slot = WeightsSlot(offset=f.size("offset"), dtype=f.text("dtype"), shape=shape, stride=stride)
+        view = TensorView(f.text("dtype"), shape, stride)
+    if source is Source.ENTRY:
+        key = f.text("key")
+    if source is Source.DERIVED:
+        derive = _parse_derivation(f.get("derive"), f.where)
     return Constant(
         name=name,
         fqn=f.text("fqn", empty=True),
@@ -376,8 +403,39 @@ def _parse_constant(raw: Any, index: int) -> Constant:
         dtype_code=f.integer("dtype_code"),
         nbytes=f.size("nbytes"),
         source=source,
-        slot=slot,
+        view=view,
+        key=key,
+        derive=derive,
     )
+
+
+_PLANES = ("qdata", "scales", "mins")
+_STORED = ("blocks", *_PLANES)
+
+
+def _parse_derivation(raw: Any, where: str) -> Derivation:
+    from etsdk.backend import WeightFormat
+
+    f = _Fields(raw, f"{where}.derive")
+    name = f.text("format")
+    try:
+        fmt = WeightFormat.parse(name)
+    except ValueError as exc:
+        raise BlobFormatError(f"etsdk-aoti blob: {f.where}.format: {exc}") from None
+    shape = f.sizes("weight_shape")
+    if len(shape) != 2:
+        raise f.fail("weight_shape", "[rows, columns]")
+    try:
+        expected = set(fmt.planes(shape[0], shape[1]))
+    except ValueError as exc:
+        raise BlobFormatError(f"etsdk-aoti blob: {f.where}: {exc}") from None
+    stored = f.get("stored")
+    if not isinstance(stored, dict) or set(stored) != expected or not all(isinstance(k, str) and k for k in stored.values()):
+        raise f.fail("stored", f"an object with the keys {sorted(expected)} (named-data keys)")
+    plane = f.text("plane")
+    if plane not in _PLANES:
+        raise f.fail("plane", f"one of {', '.join(_PLANES)}")
+    return Derivation(name, (shape[0], shape[1]), tuple(sorted(stored.items())), plane)
 
 
 def _check_constants(constants: tuple[Constant, ...], config: Config) -> None:
@@ -386,18 +444,13 @@ def _check_constants(constants: tuple[Constant, ...], config: Config) -> None:
     if duplicates:
         raise BlobFormatError(f"etsdk-aoti blob: constant name(s) {', '.join(duplicates)} are described twice")
     for constant in constants:
-        if (constant.slot is None) != (constant.source is not Source.WEIGHTS):
+        stored = constant.source in (Source.ENTRY, Source.DERIVED)
+        if (
+            (constant.view is None) == stored
+            or (constant.key is None) == (constant.source is Source.ENTRY)
+            or (constant.derive is None) == (constant.source is Source.DERIVED)
+        ):
             raise BlobFormatError(
-                f"etsdk-aoti blob: constant '{constant.name}' has source {constant.source.value!r} and "
-                f"{'a' if constant.slot is not None else 'no'} weights slot; a slot goes with source 'weights' only"
-            )
-        if constant.slot is None:
-            continue
-        if config.weights is None:
-            raise BlobFormatError(f"constant '{constant.name}' lives in the weights, but the blob names no weights entry")
-        end = constant.slot.offset + constant.nbytes
-        if end > config.weights.nbytes:
-            raise BlobFormatError(
-                f"etsdk-aoti blob: constant '{constant.name}' occupies bytes [{constant.slot.offset}, {end}) of the "
-                f"weights, which config.weights_bytes says are {config.weights.nbytes} bytes"
+                f"etsdk-aoti blob: constant '{constant.name}' with source {constant.source.value!r} must describe "
+                "its tensor, key or derivation exactly as its source requires"
             )

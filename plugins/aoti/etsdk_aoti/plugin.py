@@ -7,7 +7,7 @@ import shutil
 from typing import Any
 
 from etsdk import hookimpl
-from etsdk.backend import Availability, BackendSpec, Capability, Option
+from etsdk.backend import Availability, BackendSpec, Capability, Option, WeightFormat
 
 from etsdk_aoti import BACKEND_ID
 
@@ -52,6 +52,8 @@ def etsdk_register_backends() -> list[BackendSpec]:
             capabilities=frozenset({Capability.CPU, Capability.CUDA, Capability.CALLER_OWNED_STATE, Capability.NAMED_DATA}),
             probe=_probe,
             description="AOTInductor-compiled partitions run through the model-container C API (cpu or cuda)",
+            # quantized linears run on etsdk-aoti's kernels, embeddings in generated code: every format (CPU only)
+            weight_formats=tuple(f.name for f in WeightFormat.every()),
             options=(
                 Option("device", str, None, "cpu, cuda or cuda:N (default: cuda when available)"),
                 Option(

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 from etsdk import BackendUnavailableError, BlobFormatError, ProgramError
-from etsdk.backend import InitContext, dtype_name, readonly_tensor, torch_dtype
+from etsdk.backend import InitContext, dtype_name, torch_dtype
 
 from etsdk_aoti import BACKEND_ID, blob_format, weights
 from etsdk_aoti.blob_format import AotiBlob, Source
@@ -105,6 +105,10 @@ class AotiBinding:
                 backend_id=BACKEND_ID,
             )
         assert isinstance(blob.library, memoryview)  # decode's zero-copy view, its hash checked
+        if blob.calls_kernels:
+            from etsdk_aoti import kernels
+
+            kernels.load()  # the library calls into it: in the process's global scope before the library loads
         library = Library(cached_library(blob.library, blob.config.library_sha256), device)
         try:
             handle = self._bind(library, blob, context)
@@ -125,41 +129,22 @@ class AotiBinding:
             expected = (want.name, want.fqn, want.kind.value, want.folded, want.dtype_code, want.nbytes)
             if found != expected:
                 raise BlobFormatError(f"constant {have.index}: the library reports {found}, the blob describes {expected}")
-        buffer = None
-        entry = blob.config.weights
-        if entry is not None:
-            buffer = context.named_data.get(entry.key)
-            if buffer.nbytes != entry.nbytes:
-                raise ProgramError(
-                    f"etsdk-aoti weights '{entry.key}' are {buffer.nbytes} bytes, expected "
-                    f"{entry.nbytes} (truncated or from another export)"
-                )
-            if device == "cpu":  # read the mapped file in while the caller goes on (tokenizer, first prompt)
-                weights.prefetch(readonly_tensor(buffer, torch.uint8))
         pairs: list[tuple[str, Any]] = []
         missing: list[str] = []
+        entries: list[Any] = []  # every stored tensor, read ahead at once
+        derived: dict[tuple[str, tuple[tuple[str, str], ...]], dict[str, Any]] = {}
         for constant in blob.constants:
             name = constant.name
             if constant.source is Source.FOLDED:
                 continue
-            if constant.source is Source.WEIGHTS:
-                stored = constant.slot
-                assert buffer is not None and stored is not None  # decode: a weights constant has a slot and an entry
-                dtype = getattr(torch, stored.dtype)
-                if torch_dtype(constant.dtype_code) != dtype:
-                    raise BlobFormatError(
-                        f"constant '{name}': the container's dtype is {torch_dtype(constant.dtype_code)}, the "
-                        f"description says {dtype}"
-                    )
-                try:
-                    tensor = weights.read(buffer, weights.Slot(name, stored.offset, constant.nbytes), dtype, stored.shape, stored.stride)
-                except ValueError as exc:
-                    raise ProgramError(f"etsdk-aoti weights: {exc}") from None
-                if tensor.numel() * tensor.element_size() != constant.nbytes:
-                    raise BlobFormatError(
-                        f"constant '{name}': {dtype} {list(stored.shape)} is {tensor.numel() * tensor.element_size()} "
-                        f"bytes, the container expects {constant.nbytes}"
-                    )
+            if constant.source is Source.ENTRY:
+                assert constant.key is not None and constant.view is not None  # decode checked the record
+                tensor = self._stored(constant, context.named_data.get(constant.key))
+                entries.append(tensor)
+                pairs.append((name, tensor.to(device) if device != "cpu" else tensor))
+            elif constant.source is Source.DERIVED:
+                assert constant.derive is not None and constant.view is not None
+                tensor = self._derived(constant, context, derived, entries)
                 pairs.append((name, tensor.to(device) if device != "cpu" else tensor))
             else:  # Source.ABSENT
                 empty_parameter = constant.kind is ConstantKind.PARAMETER and constant.nbytes == 0
@@ -169,6 +154,8 @@ class AotiBinding:
                 dtype = torch_dtype(constant.dtype_code)
                 count = constant.nbytes // max(torch.empty((), dtype=dtype).element_size(), 1)
                 pairs.append((name, torch.zeros(count, dtype=dtype, device=device)))
+        if device == "cpu" and entries:  # read the mapped file in while the caller goes on (tokenizer, first prompt)
+            weights.prefetch(entries)
         if missing:
             raise ProgramError(
                 f"etsdk-aoti: {len(missing)} constant(s) missing from the weights: {', '.join(missing)} "
@@ -190,3 +177,68 @@ class AotiBinding:
                 f"binds {len(signature.inputs)} inputs + {len(state_inputs)} state inputs and {len(signature.outputs)} outputs"
             )
         return AotiHandle(library, len(signature.inputs), device, state_inputs)
+
+    @staticmethod
+    def _stored(constant: Any, buffer: memoryview) -> Any:
+        """One constant's tensor over its own named-data entry (zero-copy), its dtype and size checked against the
+        container and the entry."""
+        view = constant.view
+        dtype = getattr(torch, view.dtype, None)
+        if not isinstance(dtype, torch.dtype) or torch_dtype(constant.dtype_code) != dtype:
+            raise BlobFormatError(
+                f"constant '{constant.name}': the container's dtype is {torch_dtype(constant.dtype_code)}, the "
+                f"description says {view.dtype}"
+            )
+        count = 1
+        for d in view.shape:
+            count *= d
+        nbytes = count * torch.empty((), dtype=dtype).element_size()
+        if not weights.size_matches(nbytes, constant.nbytes):
+            raise BlobFormatError(
+                f"constant '{constant.name}': {view.dtype} {list(view.shape)} is {nbytes} bytes, the container expects "
+                f"{constant.nbytes}"
+            )
+        if buffer.nbytes != nbytes:
+            raise ProgramError(
+                f"etsdk-aoti: constant '{constant.name}' needs {nbytes} bytes, its named-data entry '{constant.key}' has "
+                f"{buffer.nbytes} (truncated or from another export)"
+            )
+        return weights.read(buffer, dtype, view.shape, view.stride)
+
+    @staticmethod
+    def _derived(constant: Any, context: InitContext, cache: dict[Any, dict[str, Any]], entries: list[Any]) -> Any:
+        """A constant computed at load from a quantized weight's stored entries (once per weight)."""
+        from etsdk.backend import WeightFormat
+
+        from etsdk_aoti.quantized import derive_planes
+
+        derive = constant.derive
+        key = (derive.format, derive.stored)
+        planes = cache.get(key)
+        if planes is None:
+            fmt = WeightFormat.parse(derive.format)
+            expected = fmt.planes(*derive.weight_shape)
+            stored = {}
+            for plane, entry in derive.stored:
+                dtype_text, shape = expected[plane]
+                stored[plane] = context.named_data.get_tensor(entry, getattr(torch, dtype_text), shape)
+                entries.append(stored[plane])
+            try:
+                planes = derive_planes(fmt, stored, derive.weight_shape)
+            except ValueError as exc:
+                raise ProgramError(f"etsdk-aoti: constant '{constant.name}': {exc}") from None
+            cache[key] = planes
+        tensor = planes.get(derive.plane)
+        view = constant.view
+        if tensor is None or (dtype_name(tensor.dtype), tuple(tensor.shape)) != (view.dtype, tuple(view.shape)):
+            found = "nothing" if tensor is None else f"{dtype_name(tensor.dtype)} {list(tensor.shape)}"
+            raise BlobFormatError(
+                f"constant '{constant.name}': the {derive.plane} of {derive.format} weight {list(derive.weight_shape)} "
+                f"is {found}, the blob describes {view.dtype} {list(view.shape)}"
+            )
+        if not weights.size_matches(tensor.numel() * tensor.element_size(), constant.nbytes):
+            raise BlobFormatError(
+                f"constant '{constant.name}': derived {tensor.numel() * tensor.element_size()} bytes, the container "
+                f"expects {constant.nbytes}"
+            )
+        return tensor

@@ -17,15 +17,18 @@ layout copies are turned back into views (edge lowering writes ``linear`` as
 ``permute_copy(weight)`` + ``mm``: a copy of every weight on every call) and
 attention over repeated key/value heads reads the grouped heads directly.
 
-Weights never enter the blob: they are written tensor by tensor to a file in
-the layout of :mod:`etsdk_aoti.weights` and handed to the partition's named-data
-writer as a file, so no model-sized bytes object exists during export.
+Weights never enter the blob: each constant is its own named-data entry,
+streamed by the partition's writer (``NamedDataWriter.add_weight``: through a
+file, content-addressed), so no model-sized bytes object exists during export
+and a weight another delegate of the program reads too is stored once.
+Quantized weights are rewritten onto etsdk-aoti's kernels first
+(:mod:`etsdk_aoti.quantized`).
 Compilation uses Inductor options only (no patching of torch or executorch).
 """
 
 from __future__ import annotations
 
-import os
+import functools
 import shutil
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
@@ -37,10 +40,12 @@ import torch
 from etsdk import ExportError
 from etsdk.backend import DelegateSignature, Partition, StateBinding, aten_name, dtype_name
 
-from etsdk_aoti import blob_format, weights
-from etsdk_aoti.blob_format import AotiBlob, Config, Constant, Source, WeightsEntry, WeightsSlot
+from etsdk_aoti import blob_format, kernels, weights
+from etsdk_aoti.blob_format import AotiBlob, Config, Constant, Derivation, Source, TensorView
 from etsdk_aoti.library import ConstantKind, Library
 from etsdk_aoti.partitioner import DEVICE_SPEC, KERNEL_THREADS_SPEC
+from etsdk_aoti.quantized import Derived, rewrite_quantized
+from etsdk_aoti.quantized import linear as _qmm_linear
 
 INDUCTOR_OPTIONS = {
     "aot_inductor.package": True,
@@ -238,6 +243,21 @@ def _find_tensor(edge_program: Any, produced: dict[str, Any], fqn: str) -> Any:
     return edge_program.constants.get(fqn)
 
 
+@dataclass
+class Compiled:
+    """What :func:`compile_partition` made: the library, the tensors Inductor kept aside, the partition module
+    it compiled (its buffers: the constants' values), and the constants derived from quantized weights."""
+
+    library: Path
+    produced: dict[str, Any]
+    module: Any
+    derived: dict[str, Derived]
+
+    @property
+    def calls_kernels(self) -> bool:
+        return any(node.target is _qmm_linear for node in self.module.graph.nodes if node.op == "call_function")
+
+
 def compile_partition(
     edge_program: Any,
     device: str,
@@ -245,13 +265,13 @@ def compile_partition(
     states: Sequence[StateBinding] = (),
     weights: frozenset[str] = frozenset(),
     kernel_threads: int = 1,
-) -> tuple[Path, dict[str, Any]]:
+) -> Compiled:
     """AOTInductor-compile the partition with ``states`` as inputs after the engine inputs.
 
     ``weights``: the placeholders of the partition's constants (read in place, never copied per call).
     ``kernel_threads``: Inductor's ``cpp.threads`` for the generated CPU kernels (1: on the calling thread, so
     small decode kernels open no parallel region that a descheduled thread can stall; -1: the caller's team).
-    Returns the library path and the weights Inductor kept aside.
+    Quantized-weight calls are rewritten onto etsdk-aoti's kernels first (:mod:`etsdk_aoti.quantized`).
     """
     from torch.export.passes import move_to_device_pass
 
@@ -261,10 +281,14 @@ def compile_partition(
     values = {n.name: n.meta["val"] for n in program.graph.nodes if n.op == "placeholder"}
     example = tuple(values[n.name] for n in program.graph.nodes if n.op == "placeholder" and n.name in user_inputs)
     module = program.module()
+    derived = rewrite_quantized(module, device)
     if states:
         example += tuple(values[binding.placeholder] for binding in states)
         module = state_as_inputs(module, states)
-    options = dict(INDUCTOR_OPTIONS, **{"aot_inductor.output_path": str(workdir), "cpp.threads": kernel_threads})
+    options: dict[str, Any] = dict(INDUCTOR_OPTIONS, **{"aot_inductor.output_path": str(workdir), "cpp.threads": kernel_threads})
+    if any(node.target is _qmm_linear for node in module.graph.nodes if node.op == "call_function"):
+        options["aot_inductor.custom_ops_to_c_shims"] = {kernels.QMM: [kernels.C_SHIM]}
+        kernels.load()  # the compiled library calls into it: loaded before the library is (to read its constants)
     with torch.no_grad():
         outputs = torch._inductor.aot_compile(module, example, options=options)
     produced = outputs if isinstance(outputs, list) else [outputs]
@@ -275,62 +299,66 @@ def compile_partition(
         raise ExportError(
             f"AOTInductor produced {len(libraries)} compiled libraries (expected exactly one .so); it produced: {listing}"
         )
-    return libraries[0], dict(tensors.items())
+    return Compiled(libraries[0], dict(tensors.items()), module, derived)
+
+
+def _module_tensor(module: Any, fqn: str) -> Any:
+    found: Any = module
+    for part in fqn.split("."):
+        found = getattr(found, part, None)
+    return found
 
 
 def describe_constants(
-    library: Library, edge_program: Any, produced: dict[str, Any], signature: DelegateSignature, device: str
-) -> tuple[tuple[Constant, ...], list[weights.Slot], list[Any], int]:
-    """One record per container constant (each ``weights`` one at its slot of the weights layout for ``device``);
-    the slots and the tensors to write, in slot order; the weights' size."""
+    library: Library, edge_program: Any, compiled: Compiled, signature: DelegateSignature, named_data: Any
+) -> tuple[Constant, ...]:
+    """One record per container constant: its own named-data entry (written here, content-addressed: the same
+    weight another delegate stores is one entry), derived at load, folded by the library, or absent."""
     states = signature.state_by_fqn
-    found: list[tuple[Any, Source, Any]] = []  # (container constant, source, tensor to write or None)
+    keys: dict[str, str] = {}  # fqn -> entry key (a weight read by two constants is written once)
+
+    def entry(fqn: str, tensor: Any) -> str:
+        if fqn not in keys:
+            keys[fqn] = named_data.add_weight(tensor)
+        return keys[fqn]
+
+    records = []
     for constant in library.constants():
-        tensor = _find_tensor(edge_program, produced, constant.fqn)
+        record = functools.partial(
+            Constant, constant.name, constant.fqn, constant.kind, constant.folded, constant.dtype_code, constant.nbytes
+        )
         if constant.folded or constant.kind is ConstantKind.FOLDED:
-            found.append((constant, Source.FOLDED, None))
-        elif constant.fqn in states:
+            records.append(record(Source.FOLDED))
+            continue
+        if constant.fqn in states:
             raise ExportError(
                 f"etsdk-aoti: state '{states[constant.fqn].state}' ({constant.fqn}) reached the compiled library as a "
                 "constant; state must be an input the library updates in place"
             )
-        elif tensor is None:
-            found.append((constant, Source.ABSENT, None))
-        else:
-            tensor = tensor.detach()
-            nbytes = tensor.numel() * tensor.element_size()
-            if nbytes != constant.nbytes:
-                raise ExportError(
-                    f"constant '{constant.name}' ({constant.fqn}): the container expects {constant.nbytes} bytes, "
-                    f"the tensor has {nbytes}"
-                )
-            found.append((constant, Source.WEIGHTS, tensor))
-    tensors = [tensor for _, source, tensor in found if source is Source.WEIGHTS]
-    slots, total = weights.layout([(c.name, c.nbytes) for c, source, _ in found if source is Source.WEIGHTS], device)
-    offsets = iter(slots)
-    records = []
-    for constant, source, tensor in found:
-        slot = None
-        if tensor is not None:
-            slot = WeightsSlot(
-                offset=next(offsets).offset,
-                dtype=dtype_name(tensor.dtype),
-                shape=tuple(tensor.shape),
-                stride=tuple(tensor.contiguous().stride()),
-            )
-        records.append(
-            Constant(
-                name=constant.name,
-                fqn=constant.fqn,
-                kind=constant.kind,
-                folded=constant.folded,
-                dtype_code=constant.dtype_code,
-                nbytes=constant.nbytes,
-                source=source,
-                slot=slot,
-            )
+        derivation = compiled.derived.get(constant.fqn)
+        tensor = _module_tensor(compiled.module, constant.fqn) if derivation is not None else _find_tensor(
+            edge_program, compiled.produced, constant.fqn
         )
-    return tuple(records), slots, tensors, total
+        if tensor is None:
+            records.append(record(Source.ABSENT))
+            continue
+        tensor = tensor.detach()
+        nbytes = tensor.numel() * tensor.element_size()
+        if not weights.size_matches(nbytes, constant.nbytes):
+            raise ExportError(
+                f"constant '{constant.name}' ({constant.fqn}): the container expects {constant.nbytes} bytes, "
+                f"the tensor has {nbytes}"
+            )
+        view = TensorView(dtype_name(tensor.dtype), tuple(tensor.shape), tuple(tensor.contiguous().stride()))
+        if derivation is None:
+            records.append(record(Source.ENTRY, view=view, key=entry(constant.fqn, tensor)))
+            continue
+        stored = tuple(
+            sorted((plane, entry(fqn, _module_tensor(compiled.module, fqn))) for plane, fqn in derivation.stored.items())
+        )
+        derive = Derivation(derivation.format, derivation.shape, stored, derivation.plane)
+        records.append(record(Source.DERIVED, view=view, derive=derive))
+    return tuple(records)
 
 
 def preprocess(partition: Partition) -> bytes:
@@ -338,46 +366,33 @@ def preprocess(partition: Partition) -> bytes:
     device = partition.compile_specs.get(DEVICE_SPEC, b"cpu").decode()
     signature = partition.signature
     workdir = Path(tempfile.mkdtemp(prefix="etsdk-aoti-"))
-    weights_path: Path | None = None
-    weights_key = None
     try:
         weights_read = frozenset(c.placeholder for c in partition.constants())
         kernel_threads = int(partition.compile_specs.get(KERNEL_THREADS_SPEC, b"1").decode())
-        library_path, produced = compile_partition(
-            edge_program, device, workdir, signature.states, weights_read, kernel_threads
-        )
+        compiled = compile_partition(edge_program, device, workdir, signature.states, weights_read, kernel_threads)
         # The constants' metadata is read from a container on the compile device: the
         # blob is written from what the container says, not from the state dict.
-        library = Library(library_path, device)
-        constants, slots, tensors, total = describe_constants(library, edge_program, produced, signature, device)
-        num_inputs, num_outputs = library.num_inputs, library.num_outputs
-        library.close()
-        del produced
+        library = Library(compiled.library, device)
+        try:
+            constants = describe_constants(library, edge_program, compiled, signature, partition.named_data)
+            num_inputs, num_outputs = library.num_inputs, library.num_outputs
+        finally:
+            library.close()
         expected_inputs = len(signature.inputs) + len(signature.states)
         if num_inputs != expected_inputs or num_outputs != len(signature.outputs):
             raise ExportError(
                 f"the compiled library takes {num_inputs} inputs and returns {num_outputs} outputs, the delegate "
                 f"binds {len(signature.inputs)} inputs + {len(signature.states)} states and {len(signature.outputs)} outputs"
             )
-        if slots:
-            fd, name = tempfile.mkstemp(prefix="etsdk-aoti-weights-", suffix=".bin")
-            os.close(fd)
-            weights_path = Path(name)
-            digest = weights.write_file(weights_path, slots, tensors)
-            # the writer deletes the file once the program is written
-            weights_key = partition.named_data.add_file(weights_path, sha256=digest, cleanup=True)
-        del tensors
         config = Config(
             device=device,
             num_inputs=num_inputs,
             num_outputs=num_outputs,
-            weights=WeightsEntry(weights_key, total) if weights_key is not None else None,
-            library_sha256=blob_format.library_sha256(library_path),
+            library_sha256=blob_format.library_sha256(compiled.library),
             # the library's inputs after the engine inputs: every state binding, in order
             state_inputs=tuple(range(len(signature.states))),
         )
-        return blob_format.encode(AotiBlob(config, constants, library_path))  # the library file is deleted below
+        blob = AotiBlob(config, constants, compiled.library, calls_kernels=compiled.calls_kernels)
+        return blob_format.encode(blob)  # the library file is deleted below
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-        if weights_path is not None and weights_key is None:
-            weights_path.unlink(missing_ok=True)  # failed before the writer took it

@@ -19,6 +19,7 @@ import torch
 from etsdk.backend import BlobReader, BlobWriter, InitContext
 from etsdk.testing import NamedDataStub, capture_delegates
 from etsdk_aoti import BACKEND_ID, BLOB_FEATURE, blob_format, weights
+from etsdk_aoti.blob_format import NAMED_CONSTANTS_FEATURE
 from etsdk_aoti.runtime import AotiBinding
 
 TOLERANCE = dict(atol=1e-5, rtol=1e-5)  # Inductor's fused kernels reorder float32 sums
@@ -87,9 +88,14 @@ def test_normal_load_prints_no_aoti_warnings(exported: dict[str, Any]) -> None:
 
 
 def _rebuild(
-    payload: bytes, *, constants: Any = None, config: Any = None, features: tuple[str, ...] = (BLOB_FEATURE,), library: bytes | None = None
+    payload: bytes,
+    *,
+    constants: Any = None,
+    config: Any = None,
+    features: tuple[str, ...] = (BLOB_FEATURE, NAMED_CONSTANTS_FEATURE),
+    library: bytes | None = None,
 ) -> bytes:
-    reader = BlobReader(payload, known_features={BLOB_FEATURE})
+    reader = BlobReader(payload, known_features=blob_format.KNOWN_FEATURES)
     writer = BlobWriter(required_features=features)
     writer.add_section("config", json.dumps(config if config is not None else json.loads(bytes(reader.section("config")))).encode())
     writer.add_section("constants", json.dumps(constants if constants is not None else json.loads(bytes(reader.section("constants")))).encode())
@@ -100,15 +106,15 @@ def _rebuild(
 @pytest.fixture(scope="module")
 def parts(exported: dict[str, Any]) -> dict[str, Any]:
     delegate = exported["delegate"]
-    reader = BlobReader(delegate.payload, known_features={BLOB_FEATURE})
+    reader = BlobReader(delegate.payload, known_features=blob_format.KNOWN_FEATURES)
     config = json.loads(bytes(reader.section("config")))
     constants = json.loads(bytes(reader.section("constants")))
-    weights_view = memoryview(delegate.named_data[config["weights_key"]])
-    return {"signature": delegate.signature, "payload": delegate.payload, "config": config, "constants": constants, "weights": weights_view}
+    named = {key: memoryview(data) for key, data in delegate.named_data.items()}
+    return {"signature": delegate.signature, "payload": delegate.payload, "config": config, "constants": constants, "named": named}
 
 
-def _init(parts: dict[str, Any], blob: bytes, weights_view: memoryview | None = None) -> Any:
-    named = NamedDataStub({parts["config"]["weights_key"]: weights_view if weights_view is not None else parts["weights"]})
+def _init(parts: dict[str, Any], blob: bytes, named: dict[str, memoryview] | None = None) -> Any:
+    named = NamedDataStub(named if named is not None else parts["named"])
     context = InitContext(BACKEND_ID, "forward", memoryview(blob), {}, named, parts["signature"])  # type: ignore[arg-type]
     return AotiBinding().init(context)
 
@@ -130,6 +136,8 @@ def _constants_with(parts: dict[str, Any], fqn: str, **changes: Any) -> list[dic
 
 def test_missing_weight_is_named(parts: dict[str, Any]) -> None:
     constants = _constants_with(parts, "net.0.weight", source="absent")
+    for key in ("dtype", "shape", "stride", "key"):
+        constants[[c["fqn"] for c in constants].index("net.0.weight")].pop(key)
     with pytest.raises(etsdk.ProgramError, match="constant\\(s\\) missing from the weights: net_0_weight \\(net.0.weight, parameter\\)"):
         _init(parts, _rebuild(parts["payload"], constants=constants))
 
@@ -137,29 +145,35 @@ def test_missing_weight_is_named(parts: dict[str, Any]) -> None:
 def test_wrong_shape_and_dtype_are_refused(parts: dict[str, Any]) -> None:
     with pytest.raises(etsdk.BlobFormatError, match="float32 \\[8, 16\\] is 512 bytes, the container expects 4096"):
         _init(parts, _rebuild(parts["payload"], constants=_constants_with(parts, "net.0.weight", shape=[8, 16], stride=[16, 1])))
-    with pytest.raises(etsdk.BlobFormatError, match="the container's dtype is torch.float32, the description says torch.float16"):
+    with pytest.raises(etsdk.BlobFormatError, match="the container's dtype is torch.float32, the description says float16"):
         _init(parts, _rebuild(parts["payload"], constants=_constants_with(parts, "net.0.weight", dtype="float16")))
     with pytest.raises(etsdk.BlobFormatError, match="the library reports .* the blob describes"):
         _init(parts, _rebuild(parts["payload"], constants=_constants_with(parts, "net.0.weight", nbytes=16)))
 
 
 def test_truncated_weights_are_refused(parts: dict[str, Any]) -> None:
-    with pytest.raises(etsdk.ProgramError, match="are 100 bytes, expected"):
-        _init(parts, _rebuild(parts["payload"]), parts["weights"][:100])
+    key = next(c["key"] for c in parts["constants"] if c["fqn"] == "net.0.weight")
+    named = dict(parts["named"], **{key: parts["named"][key][:100]})
+    with pytest.raises(etsdk.ProgramError, match=r"constant 'net_0_weight' needs 4096 bytes, its named-data entry 'weights/[0-9a-f]{64}' has 100"):
+        _init(parts, _rebuild(parts["payload"]), named)
 
 
 def test_damaged_library_is_refused_before_dlopen(parts: dict[str, Any]) -> None:
-    library = bytearray(BlobReader(parts["payload"], known_features={BLOB_FEATURE}).section("library"))
+    library = bytearray(BlobReader(parts["payload"], known_features=blob_format.KNOWN_FEATURES).section("library"))
     library[len(library) // 2] ^= 0xFF
     with pytest.raises(etsdk.BlobFormatError, match="library's SHA-256 is .* the blob records"):
         _init(parts, _rebuild(parts["payload"], library=bytes(library)))
 
 
-def test_weights_entry_key_is_the_content_hash(parts: dict[str, Any]) -> None:
+def test_every_constant_is_its_own_entry_keyed_by_its_content(parts: dict[str, Any]) -> None:
     import hashlib
 
-    key = parts["config"]["weights_key"]
-    assert key == f"{BACKEND_ID}/{hashlib.sha256(parts['weights']).hexdigest()}"
+    stored = [c for c in parts["constants"] if c["source"] == "entry"]
+    assert {c["fqn"] for c in stored} >= {"net.0.weight", "net.0.bias", "net.2.weight"}
+    for constant in stored:
+        data = parts["named"][constant["key"]]
+        assert constant["key"] == f"weights/{hashlib.sha256(data).hexdigest()}"
+        assert data.nbytes == constant["shape"][0] * (constant["shape"][1] if len(constant["shape"]) > 1 else 1) * 4
 
 
 def test_unknown_required_feature_is_refused(parts: dict[str, Any]) -> None:
@@ -176,11 +190,10 @@ def test_blob_decodes_to_typed_records_and_encodes_to_the_same_bytes(parts: dict
 
     blob = blob_format.decode(parts["payload"])
     assert isinstance(blob.library, memoryview)
-    assert blob.config.weights == blob_format.WeightsEntry(parts["config"]["weights_key"], parts["weights"].nbytes)
-    assert blob.config.state_inputs == () and blob.required_features() == [BLOB_FEATURE]
+    assert blob.config.state_inputs == () and blob.required_features() == [BLOB_FEATURE, NAMED_CONSTANTS_FEATURE]
     weight = next(c for c in blob.constants if c.fqn == "net.0.weight")
-    assert weight.source is blob_format.Source.WEIGHTS and weight.slot is not None
-    assert (weight.slot.dtype, weight.slot.shape, weight.slot.stride) == ("float32", (64, 16), (16, 1))
+    assert weight.source is blob_format.Source.ENTRY and weight.view is not None and weight.key in parts["named"]
+    assert (weight.view.dtype, weight.view.shape, weight.view.stride) == ("float32", (64, 16), (16, 1))
     assert blob_format.encode(replace(blob, library=bytes(blob.library))) == bytes(parts["payload"])
 
 
@@ -188,42 +201,52 @@ def test_blob_sections_keep_their_json_spelling() -> None:
     """The sections' exact text is part of the program's hash: key order and json.dumps' default spacing."""
     from etsdk_aoti.library import ConstantKind
 
-    config = blob_format.Config("cpu", 3, 1, blob_format.WeightsEntry("K/abc", 128), "0" * 64, (0,))
+    sha = blob_format.library_sha256(b"\x7fELF")
+    config = blob_format.Config("cpu", 3, 1, sha, (0,))
     constants = (
         blob_format.Constant(
-            "w", "net.w", ConstantKind.PARAMETER, False, 6, 64, blob_format.Source.WEIGHTS,
-            blob_format.WeightsSlot(64, "float32", (4, 4), (4, 1)),
+            "w", "net.w", ConstantKind.PARAMETER, False, 6, 64, blob_format.Source.ENTRY,
+            view=blob_format.TensorView("float32", (4, 4), (4, 1)), key="weights/abc",
+        ),
+        blob_format.Constant(
+            "s", "q.scales", ConstantKind.BUFFER, False, 6, 64, blob_format.Source.DERIVED,
+            view=blob_format.TensorView("float32", (4, 1), (1, 1)),
+            derive=blob_format.Derivation("q8_0", (4, 32), (("blocks", "weights/def"),), "scales"),
         ),
         blob_format.Constant("f", "", ConstantKind.FOLDED, True, 6, 8, blob_format.Source.FOLDED),
     )
     payload = blob_format.encode(blob_format.AotiBlob(config, constants, b"\x7fELF"))
     reader = BlobReader(payload, known_features=blob_format.KNOWN_FEATURES)
-    assert reader.required_features == ("aoti.container.v1", "aoti.state_inputs.v1")
+    assert reader.required_features == ("aoti.container.v1", "aoti.named_constants.v1", "aoti.state_inputs.v1")
     assert [s.name for s in reader.sections] == ["config", "constants", "library"]
     assert bytes(reader.section("config")).decode() == (
-        '{"device": "cpu", "num_inputs": 3, "num_outputs": 1, "weights_key": "K/abc", "weights_bytes": 128, '
-        '"library_sha256": "' + "0" * 64 + '", "state_inputs": [0]}'
+        '{"device": "cpu", "num_inputs": 3, "num_outputs": 1, "library_sha256": "' + sha + '", "state_inputs": [0]}'
     )
     assert bytes(reader.section("constants")).decode() == (
         '[{"name": "w", "fqn": "net.w", "kind": "parameter", "folded": false, "dtype_code": 6, "nbytes": 64, '
-        '"source": "weights", "dtype": "float32", "shape": [4, 4], "stride": [4, 1], "offset": 64}, '
+        '"source": "entry", "dtype": "float32", "shape": [4, 4], "stride": [4, 1], "key": "weights/abc"}, '
+        '{"name": "s", "fqn": "q.scales", "kind": "buffer", "folded": false, "dtype_code": 6, "nbytes": 64, '
+        '"source": "derived", "dtype": "float32", "shape": [4, 1], "stride": [1, 1], "derive": {"format": "q8_0", '
+        '"weight_shape": [4, 32], "stored": {"blocks": "weights/def"}, "plane": "scales"}}, '
         '{"name": "f", "fqn": "", "kind": "folded", "folded": true, "dtype_code": 6, "nbytes": 8, "source": "folded"}]'
     )
+    back = blob_format.decode(payload)
+    assert back.constants == constants and back.config == config
 
 
 @pytest.mark.parametrize(
     ("change", "message"),
     [
         ({"config": {"device": "tpu"}}, r"config.device must be 'cpu', 'cuda' or 'cuda:N', found 'tpu'"),
-        ({"config": {"weights_key": None}}, r"config.weights_bytes is \d+ but config.weights_key is null"),
         ({"config": {"num_inputs": -1}}, r"config.num_inputs must be a non-negative integer, found -1"),
         ({"config": {"state_inputs": [1]}}, r"config.state_inputs must be \[0\] \(every state binding in order\), found \[1\]"),
         ({"net.0.weight": {"kind": "weight"}}, r"constants\[\d+\] \('net_0_weight'\).kind must be one of unknown, .*found 'weight'"),
         ({"net.0.weight": {"shape": [64, "16"]}}, r"\('net_0_weight'\).shape must be a list of non-negative integers, found \[64, '16'\]"),
         ({"net.0.weight": {"stride": [1]}}, r"'net_0_weight'\): shape \[64, 16\] and stride \[1\] differ in length"),
-        ({"net.0.weight": {"offset": 1 << 20}}, r"constant 'net_0_weight' occupies bytes \[1048576, 1052672\) of the weights, which"),
-        ({"net.0.weight": {"source": "state"}}, r"constant 'net_0_weight' is bound to a state: .* re-export the program"),
-        ({"net.0.weight": {"source": "disk"}}, r"constant 'net_0_weight' has unknown source 'disk' \(expected one of weights, absent, folded\)"),
+        ({"net.0.weight": {"key": ""}}, r"\('net_0_weight'\).key must be a non-empty string, found ''"),
+        ({"net.0.weight": {"source": "state"}}, r"constant 'net_0_weight' has source 'state': a state bound as a constant.* re-export the program"),
+        ({"net.0.weight": {"source": "weights"}}, r"constant 'net_0_weight' has source 'weights': a slot of one weights entry.* re-export"),
+        ({"net.0.weight": {"source": "disk"}}, r"constant 'net_0_weight' has unknown source 'disk' \(expected one of entry, derived, absent, folded\)"),
     ],
 )
 def test_decode_names_the_field_what_it_must_be_and_what_it_is(parts: dict[str, Any], change: dict[str, Any], message: str) -> None:
@@ -248,32 +271,17 @@ def test_truncated_ptd_file_fails_cleanly(exported: dict[str, Any], tmp_path: Pa
     assert "REFUSED" in result.stdout
 
 
-# ----------------------------------------------------------------------------- weights layout
+# ----------------------------------------------------------------------------- reading constants
 
 
-def test_cpu_layout_uses_64_byte_slots_and_cuda_layout_is_packed() -> None:
-    entries = [("a", 10), ("b", 64), ("c", 3), ("d", 0), ("e", 8)]
-    cpu, cpu_total = weights.layout(entries, "cpu")
-    assert [s.offset for s in cpu] == [0, 64, 128, 192, 192]
-    assert cpu_total == 200
-    cuda, cuda_total = weights.layout(entries, "cuda")
-    assert [s.offset for s in cuda] == [0, 10, 74, 77, 77]
-    assert cuda_total == 85
-
-
-@pytest.mark.parametrize("device", ["cpu", "cuda"])
-def test_layout_round_trip_without_a_gpu(device: str, tmp_path: Path) -> None:
-    tensors = [torch.randn(3, 5), torch.arange(7, dtype=torch.int64), torch.randn(2, dtype=torch.float16), torch.ones(1, dtype=torch.bool)]
-    slots, total = weights.layout([(f"t{i}", t.numel() * t.element_size()) for i, t in enumerate(tensors)], device)
-    path = tmp_path / "w.bin"
-    weights.write_file(path, slots, tensors)
-    data = memoryview(path.read_bytes())
-    assert data.nbytes == total
-    for slot, tensor in zip(slots, tensors):
-        back = weights.read(data, slot, tensor.dtype, tensor.shape, tensor.stride())
-        assert torch.equal(back, tensor)
-    with pytest.raises(ValueError, match="needs bytes"):
-        weights.read(data[: total - 1], slots[-1], tensors[-1].dtype, tensors[-1].shape, tensors[-1].stride())
+def test_a_constant_reads_its_entry_zero_copy_and_container_sizes_may_be_rounded_up() -> None:
+    data = bytearray(torch.arange(6, dtype=torch.float32).numpy().tobytes())
+    back = weights.read(memoryview(data), torch.float32, (2, 3), (3, 1))
+    assert torch.equal(back, torch.arange(6, dtype=torch.float32).reshape(2, 3))
+    data[0:4] = torch.tensor([9.0]).numpy().tobytes()
+    assert back[0, 0] == 9.0  # a view of the bytes, not a copy
+    assert weights.size_matches(24, 24) and weights.size_matches(412, 448) and weights.size_matches(0, 0)
+    assert not weights.size_matches(412, 512) and not weights.size_matches(100, 64)
 
 
 def test_missing_library_is_a_clear_export_error(monkeypatch: pytest.MonkeyPatch, model: MLP) -> None:

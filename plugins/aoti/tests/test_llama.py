@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 import etsdk  # noqa: E402
 from etsdk.backend import BlobReader  # noqa: E402
 from etsdk.testing import CapturedDelegate, capture_delegates  # noqa: E402
-from etsdk_aoti import BACKEND_ID, BLOB_FEATURE, STATE_INPUTS_FEATURE  # noqa: E402
+from etsdk_aoti import BACKEND_ID, STATE_INPUTS_FEATURE, blob_format  # noqa: E402
 from etsdk_aoti.testing import llama_methods, static_cache_module, tiny_llama  # noqa: E402
 
 CAPACITY, PREFILL = 32, 4
@@ -49,12 +49,12 @@ def test_state_is_an_input_and_folding_copies_no_weight(pte: Path, model: object
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     assert {d.method for d in DELEGATES} == {"prefill", "decode"}
     for delegate in DELEGATES:
-        reader = BlobReader(delegate.payload, known_features={BLOB_FEATURE, STATE_INPUTS_FEATURE})
+        reader = BlobReader(delegate.payload, known_features=blob_format.KNOWN_FEATURES)
         assert STATE_INPUTS_FEATURE in reader.required_features
         config = json.loads(bytes(reader.section("config")))
         records = json.loads(bytes(reader.section("constants")))
         assert config["state_inputs"] == list(range(len(delegate.signature.states))) and config["state_inputs"]
-        assert {r["source"] for r in records} <= {"weights", "folded", "absent"}
+        assert {r["source"] for r in records} <= {"entry", "folded", "absent"}
         folded = sum(r["nbytes"] for r in records if r["source"] == "folded")
         assert folded < 0.05 * weight_bytes, (delegate.method, folded, weight_bytes)
 
@@ -106,7 +106,7 @@ def test_state_inputs_other_than_every_binding_in_order_are_refused(pte: Path, c
     from etsdk_aoti.runtime import AotiBinding
 
     delegate = next(d for d in DELEGATES if d.method == "decode")
-    reader = BlobReader(delegate.payload, known_features={BLOB_FEATURE, STATE_INPUTS_FEATURE})
+    reader = BlobReader(delegate.payload, known_features=blob_format.KNOWN_FEATURES)
     config = json.loads(bytes(reader.section("config")))
     count = len(config["state_inputs"])
     config["state_inputs"] = {
@@ -116,7 +116,7 @@ def test_state_inputs_other_than_every_binding_in_order_are_refused(pte: Path, c
     for section in reader.sections:
         data = json.dumps(config).encode() if section.name == "config" else reader.section(section.name)
         writer.add_section(section.name, data, alignment=section.alignment)
-    named = NamedDataStub({config["weights_key"]: memoryview(delegate.named_data[config["weights_key"]])})
+    named = NamedDataStub({key: memoryview(data) for key, data in delegate.named_data.items()})
     context = InitContext(BACKEND_ID, "decode", memoryview(writer.to_bytes()), {}, named, delegate.signature)  # type: ignore[arg-type]
     with pytest.raises(BlobFormatError, match=r"state_inputs must be \[0, 1, .*\] \(every state binding in order\)"):
         AotiBinding().init(context)

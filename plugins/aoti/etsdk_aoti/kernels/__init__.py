@@ -1,0 +1,104 @@
+"""etsdk-aoti's quantized-weight kernels: the ``etsdk_aoti::etsdk_qmm`` operator and its native code.
+
+The serializer rewrites every ``etsdk::linear_q`` of a partition into
+``etsdk_aoti::etsdk_qmm`` on the weight's planes; AOTInductor then calls the C
+function ``aoti_torch_cpu_etsdk_qmm`` (its C-shim convention for a custom
+operator, declared in :data:`C_SHIM`) from the compiled library, which resolves
+it against ``libetsdk_aoti_kernels.so`` (``qmm.cpp`` here). :func:`load` builds
+that library once per machine (cached by content, with ``-march=native``: it is
+built where it runs) and loads it with ``RTLD_GLOBAL`` before any library that
+calls it is loaded; a blob whose library calls it requires the blob feature
+:data:`KERNELS_FEATURE`.
+
+Why not ATen's ``_weight_int8pack_mm`` / ``_weight_int4pack_mm_for_cpu``: on this
+project's reference machine (AVX-512, 2 cores) both ran a decode-shaped product
+(``[1, 576] x [1536, 576]``) 8 to 15 times slower than the float32 ``mm`` they
+replace (benchmarks/README.md); this kernel reads every packed byte once and
+keeps decode at the memory's speed.
+
+The operator's eager implementation (tracing and shape propagation only) is the
+format's reference math: dequantize, then ``linear``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from pathlib import Path
+
+import torch
+
+from etsdk_aoti.blob_format import KERNELS_FEATURE
+
+__all__ = ["C_SHIM", "KERNELS_FEATURE", "QMM", "load"]
+
+#: The C declaration AOTInductor emits for the operator (``aot_inductor.custom_ops_to_c_shims``).
+C_SHIM = (
+    "AOTITorchError aoti_torch_cpu_etsdk_qmm(AtenTensorHandle x, AtenTensorHandle qdata, AtenTensorHandle scales, "
+    "AtenTensorHandle* mins, AtenTensorHandle* bias, int64_t bits, int64_t group, AtenTensorHandle* ret0)"
+)
+
+_SOURCE = Path(__file__).with_name("qmm.cpp")
+_lock = threading.Lock()
+_loaded: ctypes.CDLL | None = None
+
+
+@torch.library.custom_op("etsdk_aoti::etsdk_qmm", mutates_args=())
+def etsdk_qmm(
+    x: torch.Tensor,
+    qdata: torch.Tensor,
+    scales: torch.Tensor,
+    mins: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    bits: int,
+    group: int,
+) -> torch.Tensor:
+    rows = int(qdata.shape[0])
+    if bits == 8:
+        values = qdata.float()
+    else:
+        values = torch.stack([qdata & 0x0F, qdata >> 4], dim=-1).reshape(rows, -1).float()
+        if mins is None:
+            values = values - 8.0
+    columns = values.shape[1]
+    expand = (lambda t: t.float().unsqueeze(1)) if group == 0 else (lambda t: t.float().repeat_interleave(group, dim=1))
+    weight = values * expand(scales)
+    if mins is not None:
+        weight = weight + expand(mins)
+    assert weight.shape == (rows, columns)
+    return torch.nn.functional.linear(x, weight, bias)
+
+
+@etsdk_qmm.register_fake
+def _(x: torch.Tensor, qdata: torch.Tensor, scales: torch.Tensor, mins: object, bias: object, bits: int, group: int) -> torch.Tensor:
+    return x.new_empty((x.shape[0], qdata.shape[0]))
+
+
+QMM = torch.ops.etsdk_aoti.etsdk_qmm.default
+
+
+def _flags() -> list[str]:
+    torch_dir = Path(torch.__file__).parent
+    lib = torch_dir / "lib"
+    return [
+        "-march=native",
+        "-fopenmp",
+        "-fvisibility=hidden",
+        f"-I{torch_dir / 'include'}",
+        f"-L{lib}",
+        "-ltorch_cpu",
+        "-lc10",
+        f"-Wl,-rpath,{lib}",
+    ]
+
+
+def load() -> Path:
+    """Build (once per machine) and load the kernels library into the process's global scope; its path."""
+    global _loaded
+    from etsdk.backend import build_native_library
+
+    with _lock:
+        path = build_native_library("etsdk_aoti_kernels", [_SOURCE], _flags())
+        if _loaded is None:
+            _loaded = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+        return path

@@ -1,0 +1,141 @@
+"""Quantized weights in an AOTInductor partition: rewrite the calls onto etsdk-aoti's kernels before compiling.
+
+Every ``etsdk::linear_q`` becomes a call of :data:`etsdk_aoti.kernels.QMM` (the
+native kernels read the packed bytes), every ``etsdk::embedding_q`` a row
+gather and a dequantization that Inductor generates. The kernels read the
+planes layout with float32 scales; a weight stored otherwise (GGUF blocks,
+float16 / bfloat16 scales) gets the planes it needs as new constants of the
+library, described as *derived*: the runtime computes them at load from the
+weight's stored tensors (``etsdk.backend.weight_planes``), so the program
+stores each weight once, in its own format, whichever backends read it.
+
+Formats: every one etsdk describes (8-bit per row or in groups, 4-bit in
+groups with or without a minimum, any scale dtype, the GGUF blocks Q8_0 / Q4_0 /
+Q4_1), on the CPU only: a CUDA partition with a quantized weight is refused at
+export.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from etsdk import ExportError
+from etsdk.backend import WeightFormat, WeightLayout, WeightUse, call_arguments, quantized_call, weight_planes
+
+from etsdk_aoti import kernels
+
+__all__ = ["Derived", "derive_planes", "linear", "rewrite_quantized"]
+
+PLANES = ("qdata", "scales", "mins")
+
+
+@dataclass(frozen=True, slots=True)
+class Derived:
+    """A library constant computed at load: ``plane`` of the planes of a weight in ``format`` (logical ``shape``)
+    stored as ``stored`` (plane name -> the module buffer FQN holding it)."""
+
+    format: str
+    shape: tuple[int, int]
+    stored: Mapping[str, str]
+    plane: str
+
+
+def derive_planes(fmt: WeightFormat, stored: Mapping[str, torch.Tensor], shape: tuple[int, int]) -> dict[str, torch.Tensor]:
+    """The planes the kernels read (float32 scales and minimums) of a weight stored as ``stored``."""
+    planes = weight_planes(fmt, stored, shape)
+    out = {"qdata": planes.qdata.contiguous(), "scales": planes.scales.float().contiguous()}
+    if planes.mins is not None:
+        out["mins"] = planes.mins.float().contiguous()
+    return out
+
+
+def linear(x: torch.Tensor, qdata: torch.Tensor, scales: torch.Tensor, mins: Any, bias: Any, bits: int, group: int) -> torch.Tensor:
+    """``x @ w.T + bias`` on the kernels (what a rewritten ``etsdk::linear_q`` calls)."""
+    columns = x.shape[-1]
+    flat = x.reshape(-1, columns).to(torch.float32).contiguous()
+    out = kernels.QMM(flat, qdata, scales, mins, bias.to(torch.float32) if bias is not None else None, bits, group)
+    return out.reshape(*x.shape[:-1], qdata.shape[0]).to(x.dtype)
+
+
+def _embedding(qdata: torch.Tensor, scales: torch.Tensor, mins: Any, indices: torch.Tensor, bits: int, group: int, dtype: torch.dtype) -> torch.Tensor:
+    flat = indices.reshape(-1)
+    rows = qdata.index_select(0, flat)
+    if bits == 8:
+        values = rows.to(torch.float32)
+    else:
+        values = torch.stack([rows & 0x0F, rows >> 4], dim=-1).reshape(rows.shape[0], -1).to(torch.float32)
+        if mins is None:
+            values = values - 8.0
+    columns = values.shape[1]
+    picked = scales.index_select(0, flat)
+    factor = picked.unsqueeze(1) if group == 0 else picked.repeat_interleave(group, dim=1)
+    out = values * factor
+    if mins is not None:
+        out = out + mins.index_select(0, flat).repeat_interleave(group, dim=1)
+    return out.reshape(*indices.shape, columns).to(dtype)
+
+
+def _attr(module: torch.nn.Module, node: Any) -> torch.Tensor:
+    if getattr(node, "op", None) != "get_attr":
+        raise ExportError(f"etsdk-aoti: a quantized weight must be a constant of the partition, found {getattr(node, 'op', node)!r}")
+    found: Any = module
+    for part in str(node.target).split("."):
+        found = getattr(found, part)
+    if not isinstance(found, torch.Tensor):
+        raise ExportError(f"etsdk-aoti: constant '{node.target}' of a quantized weight is not a tensor")
+    return found
+
+
+def rewrite_quantized(module: torch.fx.GraphModule, device: str) -> dict[str, Derived]:
+    """Rewrite every quantized call of ``module`` (the unlifted partition) in place; returns the derived
+    constants added (buffer FQN -> :class:`Derived`)."""
+    graph = module.graph
+    derived: dict[str, Derived] = {}
+    index = 0
+    for node in list(graph.nodes):
+        call = quantized_call(node)
+        if call is None:
+            continue
+        if device != "cpu":
+            raise ExportError(
+                f"etsdk-aoti runs quantized weights on the CPU only; weight {call.describe()} is in a partition "
+                f"compiled for {device} (export it with device='cpu', or keep the weight in float)"
+            )
+        fmt = call.format
+        nodes = {"qdata": call.qdata, "scales": call.scales, "mins": call.mins}
+        stored_nodes = {("blocks" if fmt.layout is not WeightLayout.PLANES and name == "qdata" else name): n for name, n in nodes.items() if n is not None}
+        stored = {name: _attr(module, n) for name, n in stored_nodes.items()}
+        planes = derive_planes(fmt, stored, call.shape)
+        args: dict[str, Any] = {}
+        for plane in PLANES:
+            if plane not in planes:
+                args[plane] = None
+                continue
+            original = stored.get(plane) if fmt.layout is WeightLayout.PLANES else None
+            if original is not None and original.dtype == planes[plane].dtype:
+                args[plane] = nodes[plane]  # the stored tensor itself: read from its own entry, zero-copy
+                continue
+            fqn = f"etsdk_q{index}_{plane}"
+            module.register_buffer(fqn, planes[plane])
+            with graph.inserting_before(node):
+                args[plane] = graph.get_attr(fqn)
+            derived[fqn] = Derived(fmt.name, call.shape, {k: n.target for k, n in stored_nodes.items()}, plane)
+        index += 1
+        group = fmt.group_size or 0
+        given = call_arguments(node)
+        if call.use is WeightUse.LINEAR:
+            node.target = linear
+            node.args = (given["x"], args["qdata"], args["scales"], args["mins"], given["bias"], fmt.bits, group)
+        else:
+            indices, dtype = given["indices"], given["dtype"]
+            node.target = _embedding
+            node.args = (args["qdata"], args["scales"], args["mins"], indices, fmt.bits, group, dtype)
+        node.kwargs = {}
+    if index:
+        graph.eliminate_dead_code()
+        graph.lint()
+        module.recompile()
+    return derived
