@@ -17,7 +17,7 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
-from etsdk import CommandSpec, EtsdkError, TextRunner
+from etsdk import CommandSpec, EtsdkError, QuantizationPlan, TextRunner
 
 from etsdk_hf_static.fitting import context_fixes, does_not_fit, rows_needed
 
@@ -59,6 +59,20 @@ def configure_export(export: argparse.ArgumentParser) -> None:
         "(default: the model's max_position_embeddings, at most 2048)",
     )
     export.add_argument("--external-data", action="store_true", help="weights in a .ptd beside the .pte")
+    quantize = export.add_argument_group("quantized weights (default: the model's own weights)")
+    quantize.add_argument(
+        "--quantize", default=None, metavar="FORMAT",
+        help="the linear layers' format: int8 (one scale per row), int4 (groups of 32), int4:GROUP (32, 64, 128, "
+        "256), int4:gGROUP:min (with a minimum per group), int8:gGROUP",
+    )
+    quantize.add_argument(
+        "--quantize-embedding", default=None, metavar="FORMAT",
+        help="with --quantize: the input embedding's format, or float (default: int8)",
+    )
+    quantize.add_argument(
+        "--quantize-head", default=None, metavar="FORMAT",
+        help="with --quantize: the output head's format, or float (default: int8)",
+    )
     export.add_argument("--quiet", action="store_true", help="no progress on stderr")
     export.add_argument(
         "--backend-option", action="append", default=[], metavar="BACKEND.KEY=VALUE",
@@ -82,6 +96,19 @@ def backend_options(raw: list[str]) -> dict[str, dict[str, object]]:
     return out
 
 
+def _quantization(args: argparse.Namespace) -> QuantizationPlan | None:
+    """The --quantize flags as a plan (refused before anything loads when a format name is wrong)."""
+    if args.quantize is None:
+        given = [flag for flag, value in (("--quantize-embedding", args.quantize_embedding), ("--quantize-head", args.quantize_head)) if value]
+        if given:
+            raise EtsdkError(f"{' and '.join(given)} go with --quantize FORMAT (the linear layers' format)")
+        return None
+    try:
+        return QuantizationPlan.for_format(args.quantize, embedding=args.quantize_embedding, head=args.quantize_head)
+    except ValueError as exc:
+        raise EtsdkError(f"--quantize: {exc}") from None
+
+
 def run_export(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -92,6 +119,7 @@ def run_export(args: argparse.Namespace) -> int:
     if spec.exporter is None:
         raise EtsdkError(f"the runner for contract '{args.contract}' cannot export models")
     method_backends = {m: b for m, b in (("prefill", args.prefill_backend), ("decode", args.decode_backend)) if b}
+    quantization = _quantization(args)
     sizes = {k: v for k, v in (("T", args.prefill_length), ("S", args.context_length)) if v is not None}
     request = ExportRequest(
         model=args.model,
@@ -102,6 +130,7 @@ def run_export(args: argparse.Namespace) -> int:
         external_data=args.external_data,
         quiet=args.quiet,
         partitioner_options=backend_options(args.backend_option),
+        quantization=quantization,
     )
     for path in spec.exporter(request):
         print(path)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import etsdk
-from etsdk import Contract, ExportError, ExportRequest, MethodSource, check_output_path
+from etsdk import Contract, ExportError, ExportRequest, MethodSource, QuantizationPlan, check_output_path
 
 from etsdk_hf_static.metadata import CONTRACT_NAME, HfStaticMetadata
 from etsdk_hf_static.module import StaticCausalLM, causal_mask, state_fqns
@@ -160,6 +160,7 @@ def export(
     context_length: int | None = None,
     external_data: bool = False,
     partitioner_options: Mapping[str, Mapping[str, Any]] | None = None,
+    quantization: QuantizationPlan | None = None,
     quiet: bool = False,
 ) -> list[Path]:
     """Export ``model`` (a transformers model directory or a ``*ForCausalLM`` object) to ``output``.
@@ -170,6 +171,8 @@ def export(
     defaults to the model's ``max_position_embeddings`` capped at
     :data:`DEFAULT_CONTEXT_LENGTH`, ``prefill_length`` (T) to
     :data:`DEFAULT_PREFILL_LENGTH` or S if smaller (:func:`default_sizes`).
+    ``quantization``: quantize the model's linear layers, embedding and output
+    head first (:func:`etsdk.quantize_model`; a model object is changed in place).
     Returns the paths written.
     """
     import torch
@@ -181,6 +184,8 @@ def export(
         "decode": etsdk.resolve_backend_id(decode_backend or backend),
     }
     loaded, directory = _load_model(model, quiet)
+    if quantization is not None:
+        _quantize(loaded, quantization, quiet)
     prefill_length, context_length, why = default_sizes(loaded.config.get_text_config(), prefill_length, context_length)
     meta = metadata_for(loaded, prefill_length, context_length)
     options: dict[str, dict[str, Any]] = {
@@ -200,8 +205,22 @@ def export(
     written = lowered.save(output)
     if directory is not None:
         written += _save_tokenizer(directory, output, quiet)
-    _say(f"done in {time.perf_counter() - started:.1f}s: {', '.join(str(p) for p in written)}", quiet)
+    size = sum(p.stat().st_size for p in written if p.suffix in (".pte", ".ptd"))
+    _say(f"done in {time.perf_counter() - started:.1f}s ({size / 2**20:.1f} MiB): {', '.join(str(p) for p in written)}", quiet)
     return written
+
+
+def _quantize(model: Any, plan: QuantizationPlan, quiet: bool) -> None:
+    """Quantize ``model`` by ``plan``, refusing a layer the format cannot hold as an ExportError naming it."""
+    _say(f"quantizing ({plan.describe()})", quiet)
+    try:
+        report = etsdk.quantize_model(model, plan)
+    except ValueError as exc:
+        raise ExportError(f"cannot quantize {type(model).__name__}: {exc}") from None
+    _say(report.summary(), quiet)
+    for name, why in report.kept.items():
+        if not why.startswith("no format given"):
+            _say(f"kept in float: {name} ({why})", quiet)
 
 
 def _save_tokenizer(directory: Path, output: Path, quiet: bool) -> list[Path]:
@@ -238,4 +257,5 @@ def export_request(request: ExportRequest) -> list[Path]:
         external_data=request.external_data,
         quiet=request.quiet,
         partitioner_options=request.partitioner_options,
+        quantization=request.quantization,
     )
