@@ -43,7 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 VENV = Path(os.environ.get("ETSDK_VENV", ROOT / ".venv"))
 PINNED = ["torch==2.13.0", "executorch==1.5.1"]
-TOOLS = ["setuptools>=68", "wheel", "pytest>=8", "hypothesis>=6", "pluggy>=1.5", "packaging>=23", "transformers==5.23.0", "onnx==1.23.2", "onnxscript==0.7.2", "onnxruntime==1.32.0", "ruff", "mypy"]
+TOOLS = ["setuptools>=68", "wheel", "pytest>=8", "hypothesis>=6", "pluggy>=1.5", "packaging>=23", "transformers==5.23.0", "onnx==1.23.2", "onnxscript==0.7.2", "onnxruntime==1.32.0", "gguf==0.19.0", "ruff", "mypy"]
 
 
 # What `lint` checks (it ran inside the test suite before, as tests/test_lint.py).

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import types
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import etsdk
@@ -19,11 +22,13 @@ def make_backend_plugin(
     state_device: str | None = None,
     keep_whole: tuple[Any, ...] = (),
     partitioner: Callable[..., Any] | None = None,
+    weight_formats: tuple[str, ...] = (),
 ) -> types.ModuleType:
     """A plugin module providing ``backend_id`` with the reference partitioner/serializer and ``binding``.
 
     ``state_device``: the partitioner asks for caller-owned state on that device. ``keep_whole``: operators
     the partitioner keeps out of decompositions. ``partitioner``: replaces the reference partitioner.
+    ``weight_formats``: the quantized weight formats the backend declares (none by default).
     """
 
     def make_partitioner(**options: Any) -> Any:
@@ -55,6 +60,7 @@ def make_backend_plugin(
                 preprocess=preprocess,
                 runtime=binding,
                 options=(Option("ops", (list, tuple, set, frozenset), None, "aten operators to claim"),),
+                weight_formats=weight_formats,
             )
         ]
 
@@ -82,3 +88,19 @@ class RaisingBinding(ReferenceBinding):
 
 def fail_in_binding(args: Any) -> None:
     raise ValueError(f"binding failed on {len(args)} arguments: boom 42")
+
+
+def patched_record(src: Path, dst: Path, old: bytes, new: bytes) -> Path:
+    """The program with ``old`` replaced by ``new`` inside its record, and the record's content key resealed
+    (an edited record under its old key is refused as damaged before it is read)."""
+    assert len(old) == len(new)
+    data = src.read_bytes()
+    start = data.index(b'{"format":"etsdk.program"')
+    _, length = json.JSONDecoder().raw_decode(data[start:].decode("latin-1"))
+    at = data.index(old, start)
+    data = data[:at] + new + data[at + len(old) :]
+    before = hashlib.sha256(src.read_bytes()[start : start + length]).hexdigest().encode()
+    after = hashlib.sha256(data[start : start + length]).hexdigest().encode()
+    assert data.count(b"etsdk/program/" + before) == 1
+    dst.write_bytes(data.replace(b"etsdk/program/" + before, b"etsdk/program/" + after))
+    return dst

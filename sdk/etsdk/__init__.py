@@ -54,7 +54,7 @@ from etsdk.errors import (
 if TYPE_CHECKING:
     from etsdk._export.lower import MethodSource, lower
     from etsdk._export.output import Lowered, check_output_path
-    from etsdk._quant.modules import QuantizationReport, quantize_model
+    from etsdk._quant.modules import QuantizationReport, QuantizedEmbedding, QuantizedLinear, quantize_model
     from etsdk._runtime.bridge import InitContext, NamedData
     from etsdk._runtime.program import Method, MethodInfo, Program, TensorInfo, data_beside, load
     from etsdk._runtime.record import read_contract
@@ -86,6 +86,8 @@ _LAZY = {
     "load": "etsdk._runtime.program",
     "read_contract": "etsdk._runtime.record",
     "QuantizationReport": "etsdk._quant.modules",
+    "QuantizedEmbedding": "etsdk._quant.modules",
+    "QuantizedLinear": "etsdk._quant.modules",
     "quantize_model": "etsdk._quant.modules",
 }
 
@@ -139,6 +141,8 @@ __all__ = [
     "ProgramError",
     "QuantizationPlan",
     "QuantizationReport",
+    "QuantizedEmbedding",
+    "QuantizedLinear",
     "RunnerSpec",
     "Session",
     "Snapshot",

@@ -27,7 +27,7 @@ from etsdk.backend import WeightFormat, WeightLayout, WeightUse, call_arguments,
 
 from etsdk_aoti import kernels
 
-__all__ = ["Derived", "derive_planes", "linear", "rewrite_quantized"]
+__all__ = ["Derived", "check_device", "derive_planes", "linear", "rewrite_quantized"]
 
 PLANES = ("qdata", "scales", "mins")
 
@@ -89,9 +89,23 @@ def _attr(module: torch.nn.Module, node: Any) -> torch.Tensor:
     return found
 
 
-def rewrite_quantized(module: torch.fx.GraphModule, device: str) -> dict[str, Derived]:
-    """Rewrite every quantized call of ``module`` (the unlifted partition) in place; returns the derived
-    constants added (buffer FQN -> :class:`Derived`)."""
+def check_device(edge_program: Any, device: str) -> None:
+    """Refuse a partition for a device other than the CPU that reads a quantized weight, naming the weight."""
+    if device == "cpu":
+        return
+    buffers = edge_program.graph_signature.inputs_to_buffers
+    for node in edge_program.graph.nodes:
+        call = quantized_call(node)
+        if call is not None:
+            raise ExportError(
+                f"etsdk-aoti runs quantized weights on the CPU only; weight {call.describe(buffers)} is in a "
+                f"partition compiled for {device} (export it with device='cpu', or keep the weight in float)"
+            )
+
+
+def rewrite_quantized(module: torch.fx.GraphModule) -> dict[str, Derived]:
+    """Rewrite every quantized call of ``module`` (the unlifted partition, for the CPU: :func:`check_device`)
+    in place; returns the derived constants added (buffer FQN -> :class:`Derived`)."""
     graph = module.graph
     derived: dict[str, Derived] = {}
     index = 0
@@ -99,11 +113,6 @@ def rewrite_quantized(module: torch.fx.GraphModule, device: str) -> dict[str, De
         call = quantized_call(node)
         if call is None:
             continue
-        if device != "cpu":
-            raise ExportError(
-                f"etsdk-aoti runs quantized weights on the CPU only; weight {call.describe()} is in a partition "
-                f"compiled for {device} (export it with device='cpu', or keep the weight in float)"
-            )
         fmt = call.format
         nodes = {"qdata": call.qdata, "scales": call.scales, "mins": call.mins}
         stored_nodes = {("blocks" if fmt.layout is not WeightLayout.PLANES and name == "qdata" else name): n for name, n in nodes.items() if n is not None}

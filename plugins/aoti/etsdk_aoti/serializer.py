@@ -44,7 +44,7 @@ from etsdk_aoti import blob_format, kernels, weights
 from etsdk_aoti.blob_format import AotiBlob, Config, Constant, Derivation, Source, TensorView
 from etsdk_aoti.library import ConstantKind, Library
 from etsdk_aoti.partitioner import DEVICE_SPEC, KERNEL_THREADS_SPEC
-from etsdk_aoti.quantized import Derived, rewrite_quantized
+from etsdk_aoti.quantized import Derived, check_device, rewrite_quantized
 from etsdk_aoti.quantized import linear as _qmm_linear
 
 INDUCTOR_OPTIONS = {
@@ -275,13 +275,14 @@ def compile_partition(
     """
     from torch.export.passes import move_to_device_pass
 
+    check_device(edge_program, device)
     program = move_to_device_pass(edge_program, device) if device != "cpu" else edge_program
     prepare_graph(program.graph_module, weights)
     user_inputs = set(program.graph_signature.user_inputs)
     values = {n.name: n.meta["val"] for n in program.graph.nodes if n.op == "placeholder"}
     example = tuple(values[n.name] for n in program.graph.nodes if n.op == "placeholder" and n.name in user_inputs)
     module = program.module()
-    derived = rewrite_quantized(module, device)
+    derived = rewrite_quantized(module)
     if states:
         example += tuple(values[binding.placeholder] for binding in states)
         module = state_as_inputs(module, states)

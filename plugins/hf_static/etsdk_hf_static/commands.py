@@ -43,7 +43,10 @@ __all__ = [
 
 
 def configure_export(export: argparse.ArgumentParser) -> None:
-    export.add_argument("--model", required=True, help="a transformers model directory")
+    export.add_argument(
+        "--model", required=True,
+        help="a transformers model directory, or a GGUF file (its Q8_0 / Q4_0 / Q4_1 weights are kept as they are)",
+    )
     export.add_argument("-o", "--output", required=True, help="the .pte to write")
     export.add_argument("--contract", default="hf_static", help="the contract to export for (default: hf_static)")
     export.add_argument("--backend", default="aoti", help="backend for every method: an id or a short name (aoti)")
@@ -72,6 +75,10 @@ def configure_export(export: argparse.ArgumentParser) -> None:
     quantize.add_argument(
         "--quantize-head", default=None, metavar="FORMAT",
         help="with --quantize: the output head's format, or float (default: int8)",
+    )
+    quantize.add_argument(
+        "--allow-requantize", action="store_true",
+        help="a GGUF file with other tensor types (Q6_K, ...): dequantize them to float instead of refusing",
     )
     export.add_argument("--quiet", action="store_true", help="no progress on stderr")
     export.add_argument(
@@ -131,6 +138,7 @@ def run_export(args: argparse.Namespace) -> int:
         quiet=args.quiet,
         partitioner_options=backend_options(args.backend_option),
         quantization=quantization,
+        allow_requantize=args.allow_requantize,
     )
     for path in spec.exporter(request):
         print(path)

@@ -40,12 +40,22 @@ def tokenizer_dir(program_path: str | Path) -> Path:
     return path.with_name(path.stem + ".tokenizer")
 
 
-def _load_model(model: Any, quiet: bool) -> tuple[Any, Path | None]:
+def _load_model(model: Any, quiet: bool, allow_requantize: bool = False) -> tuple[Any, Path | None, Any]:
+    """The model, its directory (None for a model object or a GGUF file) and, for a GGUF file, its tokenizer."""
     if not isinstance(model, (str, Path)):
-        return model, None
+        return model, None, None
     directory = Path(model)
+    if directory.suffix.lower() == ".gguf":
+        if not directory.is_file():
+            raise ExportError(f"GGUF file not found: {directory}")
+        from etsdk_hf_static.gguf_import import load_gguf
+
+        loaded_gguf = load_gguf(directory, allow_requantize=allow_requantize, quiet=quiet)
+        return loaded_gguf.model, None, loaded_gguf.tokenizer
+    if allow_requantize:
+        raise ExportError("--allow-requantize applies to a GGUF file (--model FILE.gguf)")
     if not (directory / "config.json").is_file():
-        raise ExportError(f"{directory} is not a transformers model directory (no config.json)")
+        raise ExportError(f"{directory} is not a transformers model directory (no config.json) nor a .gguf file")
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -56,7 +66,7 @@ def _load_model(model: Any, quiet: bool) -> tuple[Any, Path | None]:
         raise ExportError(
             f"transformers could not load a causal LM from {directory}: {type(exc).__name__}: {exc}"
         ) from exc
-    return loaded.eval(), directory
+    return loaded.eval(), directory, None
 
 
 def _say(text: str, quiet: bool) -> None:
@@ -161,6 +171,7 @@ def export(
     external_data: bool = False,
     partitioner_options: Mapping[str, Mapping[str, Any]] | None = None,
     quantization: QuantizationPlan | None = None,
+    allow_requantize: bool = False,
     quiet: bool = False,
 ) -> list[Path]:
     """Export ``model`` (a transformers model directory or a ``*ForCausalLM`` object) to ``output``.
@@ -173,6 +184,9 @@ def export(
     :data:`DEFAULT_PREFILL_LENGTH` or S if smaller (:func:`default_sizes`).
     ``quantization``: quantize the model's linear layers, embedding and output
     head first (:func:`etsdk.quantize_model`; a model object is changed in place).
+    ``model`` may be a GGUF file: its Q8_0 / Q4_0 / Q4_1 blocks are kept as they
+    are and its tokenizer saved (:mod:`etsdk_hf_static.gguf_import`);
+    ``allow_requantize`` dequantizes its other tensor types instead of refusing.
     Returns the paths written.
     """
     import torch
@@ -183,7 +197,7 @@ def export(
         "prefill": etsdk.resolve_backend_id(prefill_backend or backend),
         "decode": etsdk.resolve_backend_id(decode_backend or backend),
     }
-    loaded, directory = _load_model(model, quiet)
+    loaded, directory, gguf_tokenizer = _load_model(model, quiet, allow_requantize)
     if quantization is not None:
         _quantize(loaded, quantization, quiet)
     prefill_length, context_length, why = default_sizes(loaded.config.get_text_config(), prefill_length, context_length)
@@ -205,6 +219,9 @@ def export(
     written = lowered.save(output)
     if directory is not None:
         written += _save_tokenizer(directory, output, quiet)
+    elif gguf_tokenizer is not None:
+        gguf_tokenizer.save_pretrained(tokenizer_dir(output))
+        written.append(tokenizer_dir(output))
     size = sum(p.stat().st_size for p in written if p.suffix in (".pte", ".ptd"))
     _say(f"done in {time.perf_counter() - started:.1f}s ({size / 2**20:.1f} MiB): {', '.join(str(p) for p in written)}", quiet)
     return written
@@ -258,4 +275,5 @@ def export_request(request: ExportRequest) -> list[Path]:
         quiet=request.quiet,
         partitioner_options=request.partitioner_options,
         quantization=request.quantization,
+        allow_requantize=request.allow_requantize,
     )

@@ -18,7 +18,7 @@ import string
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ARCHITECTURES", "CHAT_TEMPLATE", "char_tokenizer", "save_tiny_model", "tiny_model"]
+__all__ = ["ARCHITECTURES", "CHAT_TEMPLATE", "GGUF_TYPES", "char_tokenizer", "save_tiny_gguf", "save_tiny_model", "tiny_model"]
 
 ARCHITECTURES = ("llama", "qwen2", "mistral")
 SPECIALS = ("<unk>", "<bos>", "<eos>")
@@ -100,3 +100,85 @@ def save_tiny_model(directory: str | Path, architecture: str = "llama", **option
     model.save_pretrained(directory)
     char_tokenizer().save_pretrained(directory)
     return directory
+
+
+#: Tensor types :func:`save_tiny_gguf` writes by default: the embedding and the head in Q8_0, attention in
+#: Q4_0, the MLP in Q4_1 (every block format etsdk keeps), norms in F32.
+GGUF_TYPES = {"token_embd": "Q8_0", "output": "Q8_0", "attn": "Q4_0", "ffn": "Q4_1"}
+
+
+def _llama_permute(weight: Any, heads: int) -> Any:
+    """llama.cpp's rotary row order for a query / key projection (what its converter writes)."""
+    rows = weight.shape[0]
+    return weight.reshape(heads, 2, rows // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+def _byte_level_alphabet() -> list[str]:
+    """The 256 characters GPT-2's byte-level BPE stands each byte for (printable bytes as themselves)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1), *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    extra = iter(range(256, 512))
+    return [chr(b) if b in printable else chr(next(extra)) for b in range(256)]
+
+
+def save_tiny_gguf(path: str | Path, *, types: dict[str, str] | None = None, seed: int = 0) -> tuple[Path, Any]:
+    """Write a tiny random-weight Llama as a GGUF file the way llama.cpp's converter lays it out (byte-level BPE
+    tokenizer of 256 tokens plus ``<bos>`` / ``<eos>``, :data:`CHAT_TEMPLATE`); returns the path and the float
+    model it was quantized from. ``types``: :data:`GGUF_TYPES` overrides (``{"ffn": "Q5_0"}``). Needs ``gguf``."""
+    import gguf
+    import numpy as np
+
+    path = Path(path)
+    chosen = dict(GGUF_TYPES, **(types or {}))
+    tokens = ["<unk>", "<bos>", "<eos>", *_byte_level_alphabet()]
+    model = tiny_model("llama", vocab=len(tokens), hidden=64, layers=2, heads=4, kv_heads=2, seed=seed)
+    config = model.config
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name("etsdk tiny llama")
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_rope_freq_base(float(getattr(config, "rope_theta", None) or config.rope_parameters["rope_theta"]))
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_vocab_size(len(tokens))
+    writer.add_rope_dimension_count(config.hidden_size // config.num_attention_heads)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.NORMAL] * (len(tokens) - 3))
+    writer.add_token_scores([0.0] * len(tokens))
+    writer.add_token_merges([])
+    writer.add_bos_token_id(tokens.index("<bos>"))
+    writer.add_eos_token_id(tokens.index("<eos>"))
+    writer.add_unk_token_id(0)
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(CHAT_TEMPLATE)
+    state = {k: v.detach().numpy().astype(np.float32) for k, v in model.state_dict().items()}
+
+    def put(name: str, value: Any, kind: str) -> None:
+        if kind == "F32":
+            writer.add_tensor(name, np.ascontiguousarray(value))
+            return
+        qtype = gguf.GGMLQuantizationType[kind]
+        writer.add_tensor(name, gguf.quants.quantize(np.ascontiguousarray(value), qtype), raw_dtype=qtype)
+
+    put("token_embd.weight", state["model.embed_tokens.weight"], chosen["token_embd"])
+    put("output_norm.weight", state["model.norm.weight"], "F32")
+    put("output.weight", state["lm_head.weight"], chosen["output"])
+    for i in range(config.num_hidden_layers):
+        prefix = f"model.layers.{i}."
+        put(f"blk.{i}.attn_norm.weight", state[prefix + "input_layernorm.weight"], "F32")
+        put(f"blk.{i}.ffn_norm.weight", state[prefix + "post_attention_layernorm.weight"], "F32")
+        put(f"blk.{i}.attn_q.weight", _llama_permute(state[prefix + "self_attn.q_proj.weight"], config.num_attention_heads), chosen["attn"])
+        put(f"blk.{i}.attn_k.weight", _llama_permute(state[prefix + "self_attn.k_proj.weight"], config.num_key_value_heads), chosen["attn"])
+        put(f"blk.{i}.attn_v.weight", state[prefix + "self_attn.v_proj.weight"], chosen["attn"])
+        put(f"blk.{i}.attn_output.weight", state[prefix + "self_attn.o_proj.weight"], chosen["attn"])
+        for hf, name in (("gate_proj", "ffn_gate"), ("up_proj", "ffn_up"), ("down_proj", "ffn_down")):
+            put(f"blk.{i}.{name}.weight", state[prefix + f"mlp.{hf}.weight"], chosen["ffn"])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path, model

@@ -170,6 +170,8 @@ class ExportRequest:
     ``external_data``: weights in a ``.ptd`` beside the ``.pte``.
     ``partitioner_options``: backend id (or short name) -> partitioner options.
     ``quantization``: which layers to quantize to which weight format (None: keep the model's weights).
+    ``allow_requantize``: a source stored in formats the exporter cannot keep as they are (a GGUF file's
+    Q6_K, say) is dequantized instead of refused.
     """
 
     model: object
@@ -182,6 +184,7 @@ class ExportRequest:
     quiet: bool = False
     partitioner_options: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
     quantization: QuantizationPlan | None = None
+    allow_requantize: bool = False
 
 
 @runtime_checkable

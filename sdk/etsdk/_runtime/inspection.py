@@ -99,6 +99,8 @@ class ProgramReport:
                 else:
                     lines += [f"        {line}" for line in _binding_lines(states)]
                     seen.setdefault(states, f"method {method.name} [{index}]")
+                if s.weights:
+                    lines += [f"        {line}" for line in _weight_lines(s.weights)]
                 features = "opaque payload" if s.payload_features is None else f"etsdk blob requiring {', '.join(s.payload_features) or 'nothing'}"
                 lines.append(f"        payload: {features}; sha256 {s.payload_sha256[:16]}...")
         if self.named_data:
@@ -161,6 +163,40 @@ def _binding_lines(states: Sequence[Any]) -> list[str]:
         what = "reads and writes" if first.written else "reads"
         buffers = f"buffers {_span(first.fqn, last.fqn)}" if len(run) > 1 else f"buffer {first.fqn}"
         lines.append(f"state {_span(first.state, last.state)}: {what} {first.dtype} {list(first.shape)} ({buffers})")
+    return lines
+
+
+_LAYER = re.compile(r"(?<=\.)(\d+)(?=\.)")
+
+
+def _weight_lines(weights: Sequence[Any]) -> list[str]:
+    """The quantized weights a delegate reads: a count per format, then one line per weight with the layers of
+    the same name, format, shape and use folded (``model.layers.{0..29}.mlp.up_proj: int4:g32 [1536, 576]``)."""
+    counts: dict[str, int] = {}
+    for w in weights:
+        counts[w.format] = counts.get(w.format, 0) + 1
+    lines = [f"weights: {len(weights)} quantized ({', '.join(f'{f} x {n}' for f, n in sorted(counts.items()))})"]
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    order: list[tuple[Any, ...]] = []
+    for w in weights:
+        found = _LAYER.search(w.name)
+        pattern = _LAYER.sub("{}", w.name, count=1) if found else w.name
+        key = (pattern, w.format, tuple(w.shape), w.use)
+        if key not in groups:
+            groups[key] = []
+            order.append(key)
+        if found:
+            groups[key].append(int(found.group(1)))
+    for key in order:
+        pattern, fmt, shape, use = key
+        layers = sorted(groups[key])
+        if layers:
+            consecutive = layers == list(range(layers[0], layers[-1] + 1))
+            span = f"{{{layers[0]}..{layers[-1]}}}" if consecutive and len(layers) > 1 else "{" + ",".join(map(str, layers)) + "}"
+            name = pattern.replace("{}", span if len(layers) > 1 else str(layers[0]), 1)
+        else:
+            name = pattern
+        lines.append(f"  {name}: {fmt} {list(shape)} {use}")
     return lines
 
 

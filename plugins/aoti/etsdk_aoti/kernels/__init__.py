@@ -30,7 +30,7 @@ import torch
 
 from etsdk_aoti.blob_format import KERNELS_FEATURE
 
-__all__ = ["C_SHIM", "KERNELS_FEATURE", "QMM", "load"]
+__all__ = ["C_SHIM", "KERNELS_FEATURE", "QMM", "load", "qmm"]
 
 #: The C declaration AOTInductor emits for the operator (``aot_inductor.custom_ops_to_c_shims``).
 C_SHIM = (
@@ -102,3 +102,43 @@ def load() -> Path:
         if _loaded is None:
             _loaded = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
         return path
+
+
+def qmm(
+    x: torch.Tensor,
+    qdata: torch.Tensor,
+    scales: torch.Tensor,
+    mins: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    *,
+    bits: int,
+    group: int,
+) -> torch.Tensor:
+    """Call the native kernel directly (tests and benchmarks): ``x [M, K] @ w.T (+ bias)`` for ``w`` in the planes
+    ``qdata`` / ``scales`` / ``mins`` (float32 scales; ``group`` 0: one scale per row). Raises ``ValueError`` when
+    the kernel refuses the tensors (wrong dtype, shape or layout)."""
+    from etsdk_aoti.library import _new_capsule, free_handles, tensor_handles
+
+    path = load()
+    assert _loaded is not None
+    function = _loaded.aoti_torch_cpu_etsdk_qmm
+    pointer = ctypes.c_void_p
+    function.argtypes = [pointer, pointer, pointer, ctypes.POINTER(pointer), ctypes.POINTER(pointer), ctypes.c_int64, ctypes.c_int64, ctypes.POINTER(pointer)]
+    given = [x, qdata, scales, *(t for t in (mins, bias) if t is not None)]
+    handles = tensor_handles(given)
+    try:
+        mins_handle = pointer(handles[3]) if mins is not None else None
+        bias_handle = pointer(handles[-1]) if bias is not None else None
+        out = pointer()
+        code = function(
+            handles[0], handles[1], handles[2],
+            ctypes.byref(mins_handle) if mins_handle is not None else None,
+            ctypes.byref(bias_handle) if bias_handle is not None else None,
+            bits, group, ctypes.byref(out),
+        )
+    finally:
+        free_handles(handles)
+    if code != 0:
+        raise ValueError(f"{path.name} refused the tensors (x {list(x.shape)} {x.dtype}, qdata {list(qdata.shape)} {qdata.dtype}, bits {bits}, group {group})")
+    result: torch.Tensor = torch._C._aoti.alloc_tensors_by_stealing_from_void_ptrs([_new_capsule(out.value, None, None)])[0]
+    return result

@@ -1,0 +1,136 @@
+"""etsdk-aoti's quantized kernels and their partitions: the native kernel against the formats' reference math,
+a quantized model compiled and run, constants derived at load, refusals.
+
+hf_static programs quantized end to end (int8, int4, GGUF files, mixed backends): plugins/hf_static/tests/
+test_hf_quantized.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import etsdk
+import pytest
+import torch
+from etsdk import QuantizationPlan, WeightFormat, quantize_model
+from etsdk.backend import BlobReader, dequantize, weight_planes
+from etsdk.testing import capture_delegates
+from etsdk_aoti import BACKEND_ID, blob_format, kernels
+
+FORMATS = ["int8", "int8:g32", "int4:g32", "int4:g64:min", "int4:g128"]
+
+
+@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 64])  # decode (the dot-product path) and prefill (the tiles)
+def test_the_kernel_computes_the_formats_math(name: str, rows: int) -> None:
+    from etsdk._quant.planes import quantize
+
+    fmt = WeightFormat.parse(name)
+    generator = torch.Generator().manual_seed(rows)
+    for n, k in ((37, 256), (100, 128)):  # an output count that fills no tile or vector evenly
+        weight = torch.randn(n, k, generator=generator)
+        stored = quantize(weight, fmt)
+        exact = dequantize(weight_planes(fmt, stored, (n, k)))
+        x, bias = torch.randn(rows, k, generator=generator), torch.randn(n, generator=generator)
+        got = kernels.qmm(x, stored["qdata"], stored["scales"], stored.get("mins"), bias, bits=fmt.bits, group=fmt.group_size or 0)
+        want = x @ exact.t() + bias
+        torch.testing.assert_close(got, want, atol=2e-5 * float(want.abs().max()), rtol=0)
+
+
+def test_one_scale_per_row_takes_any_row_length() -> None:
+    from etsdk._quant.planes import quantize
+
+    fmt = WeightFormat.parse("int8")
+    weight, x = torch.randn(24, 83), torch.randn(2, 83)  # 83: a vector and a masked tail
+    stored = quantize(weight, fmt)
+    want = x @ dequantize(weight_planes(fmt, stored, (24, 83))).t()
+    for rows in (x[:1], x, x.repeat(4, 1)):
+        got = kernels.qmm(rows, stored["qdata"], stored["scales"], bits=8, group=0)
+        torch.testing.assert_close(got, rows @ dequantize(weight_planes(fmt, stored, (24, 83))).t(), atol=1e-4, rtol=0)
+    assert want.shape == (2, 24)
+
+
+def test_the_kernel_refuses_tensors_it_cannot_read() -> None:
+    q = torch.zeros(8, 16, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="refused the tensors"):
+        kernels.qmm(torch.zeros(1, 32), q, torch.zeros(8, 2, dtype=torch.float16), bits=4, group=32)  # float16 scales
+    with pytest.raises(ValueError, match="refused the tensors"):
+        kernels.qmm(torch.zeros(1, 31), q, torch.zeros(8, 1), bits=4, group=32)  # K differs from the weight's
+    with pytest.raises(ValueError, match="refused the tensors"):
+        kernels.qmm(torch.zeros(2, 64)[:, ::2], q, torch.zeros(8, 1), bits=4, group=32)  # strided x
+
+
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(40, 64)
+        self.up = torch.nn.Linear(64, 128)
+        self.down = torch.nn.Linear(128, 64)
+        self.head = torch.nn.Linear(64, 40, bias=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.down(torch.nn.functional.silu(self.up(self.embed(ids)))))
+
+    def get_output_embeddings(self) -> torch.nn.Module:
+        return self.head
+
+
+IDS = torch.tensor([[1, 5, 39, 2, 2, 7]])
+
+
+def _gguf_net() -> Net:
+    """Net with llama.cpp's blocks as its linear layers (Q4_0, Q4_1) and embedding (Q8_0), as a GGUF import makes."""
+    gguf = pytest.importorskip("gguf")
+    from etsdk import QuantizedEmbedding, QuantizedLinear
+
+    net = Net().eval()
+
+    def blocks(weight: torch.Tensor, kind: str) -> dict[str, torch.Tensor]:
+        qtype = gguf.GGMLQuantizationType[kind]
+        return {"blocks": torch.from_numpy(gguf.quants.quantize(weight.detach().numpy(), qtype))}
+
+    net.embed = QuantizedEmbedding(WeightFormat.parse("q8_0"), blocks(net.embed.weight, "Q8_0"))
+    net.up = QuantizedLinear(WeightFormat.parse("q4_0"), blocks(net.up.weight, "Q4_0"), net.up.bias)
+    net.down = QuantizedLinear(WeightFormat.parse("q4_1"), blocks(net.down.weight, "Q4_1"), net.down.bias)
+    return net
+
+
+@pytest.mark.parametrize("source", ["int4", "int8:g32:f16", "gguf"])
+def test_a_quantized_model_compiles_runs_like_eager_and_derives_only_what_it_must(source: str, tmp_path: Path) -> None:
+    if source == "gguf":
+        net = _gguf_net()
+    else:
+        net = Net().eval()
+        quantize_model(net, QuantizationPlan.for_format(source))
+    path = tmp_path / "q.pte"
+    with capture_delegates() as captured:
+        etsdk.lower(module=net, example_inputs=(IDS,), backend=BACKEND_ID, partitioner_options={"device": "cpu"}).save(path)
+    program = etsdk.load(path)
+    with torch.no_grad():
+        want = net(IDS)
+    torch.testing.assert_close(program.run("forward", IDS)[0], want, atol=1e-4 * float(want.abs().max()), rtol=0)
+    (delegate,) = captured
+    reader = BlobReader(delegate.payload, known_features=blob_format.KNOWN_FEATURES)
+    assert blob_format.KERNELS_FEATURE in reader.required_features
+    constants = json.loads(bytes(reader.section("constants")))
+    derived = [c for c in constants if c["source"] == "derived"]
+    if source == "int4":  # float32 scales: the kernels read the stored planes themselves
+        assert derived == []
+    elif source == "int8:g32:f16":  # float16 scales become float32 at load; the int8 values are read as stored
+        assert {c["derive"]["plane"] for c in derived} == {"scales"} and all(c["derive"]["format"] == "int8:g32:f16" for c in derived)
+    else:  # every plane of a GGUF weight, from the stored blocks (the blocks themselves are the stored entries)
+        assert {(c["derive"]["format"], c["derive"]["plane"]) for c in derived} >= {("q4_0", "qdata"), ("q4_1", "mins"), ("q8_0", "scales")}
+        stored_keys = {key for c in derived for _, key in c["derive"]["stored"].items()}
+        for key in stored_keys:
+            assert key in delegate.named_data
+        up = net.up.qdata.contiguous().numpy().tobytes()
+        assert any(bytes(v) == up for v in delegate.named_data.values())  # the file's blocks, byte for byte
+
+
+def test_quantized_weights_on_cuda_are_refused_at_export() -> None:
+    net = Net().eval()
+    quantize_model(net, "int8")
+    with pytest.raises(etsdk.ExportError, match=r"etsdk-aoti runs quantized weights on the CPU only; weight 'up' \(int8 \[128, 64\], linear\) is in a partition compiled for cuda"):
+        etsdk.lower(module=net, example_inputs=(IDS,), backend=BACKEND_ID, partitioner_options={"device": "cuda"})
