@@ -164,9 +164,8 @@ def gguf_program(tiny_gguf: tuple[Path, Any], tmp_path_factory: pytest.TempPathF
 def test_a_gguf_file_exports_with_its_blocks_byte_for_byte(tiny_gguf: tuple[Path, Any], gguf_program: Path) -> None:
     import gguf
     import numpy as np
-    from etsdk_hf_static.gguf_import import _llama_rows
-
     from etsdk._runtime.program import open_checked
+    from etsdk_hf_static.gguf_import import _llama_rows
 
     reader = gguf.GGUFReader(str(tiny_gguf[0]))
     checked = open_checked(gguf_program, None)
