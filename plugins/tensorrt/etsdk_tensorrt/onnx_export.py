@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 from etsdk import ExportError
+from etsdk.backend import quantized_call
 from torch.export.graph_signature import InputKind, OutputKind
 
 from etsdk_tensorrt import BACKEND_ID
@@ -397,8 +398,13 @@ def export(program: Any, signature: Any, workdir: Path) -> OnnxPartition:
     """Write the partition's ONNX into ``workdir`` (graph and external weights), checked."""
     import onnx
 
+    from etsdk_tensorrt import quantized
+
     lifted = lift(program, signature)
-    translations = {kv_cache_update_op(): _tensor_scatter_translation()}
+    has_quantized = any(quantized_call(n) is not None for n in lifted.module.graph.nodes)
+    if has_quantized:
+        quantized.to_planes(lifted.module)
+    translations = {kv_cache_update_op(): _tensor_scatter_translation(), **quantized.translations()}
     try:
         with torch.no_grad():
             exported = torch.onnx.export(
@@ -419,6 +425,14 @@ def export(program: Any, signature: Any, workdir: Path) -> OnnxPartition:
     model_path = workdir / "model.onnx"
     exported.save(model_path, external_data=True)
     del exported
+    if has_quantized:  # 4-bit weights as UINT4 initializers feeding DequantizeLinear (etsdk_tensorrt.quantized)
+        whole = onnx.load(str(model_path))
+        if quantized.fold_uint4(whole):
+            for old in workdir.iterdir():
+                if old != model_path:
+                    old.unlink()
+            onnx.save_model(whole, str(model_path), save_as_external_data=True, location="model.onnx.data", size_threshold=0)
+        del whole
     model = onnx.load(str(model_path), load_external_data=False)
     _check_io(model, lifted)
     _check_tensor_scatter(model, lifted.aliases)

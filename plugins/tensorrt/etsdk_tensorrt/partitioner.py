@@ -97,6 +97,8 @@ OPERATORS: Mapping[str, str] = {
     "dim_order_ops::_clone_dim_order": "Identity",
     "aten::index_put": "TensorScatter (a state's contiguous write) or ScatterND",
     "aten::index_copy": "TensorScatter (a state's contiguous write) or ScatterND",
+    "etsdk::linear_q": "DequantizeLinear (INT8 / UINT4 weight, blocked scales) + MatMul",
+    "etsdk::embedding_q": "DequantizeLinear + Gather",
 }
 
 _UNSUPPORTED_DTYPES = {torch.float64, torch.complex64, torch.complex128}

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from etsdk import hookimpl
-from etsdk.backend import Availability, BackendSpec, Capability, Option
+from etsdk.backend import Availability, BackendSpec, Capability, Option, WeightFormat
 
 from etsdk_tensorrt import BACKEND_ID
 
@@ -66,5 +66,7 @@ def etsdk_register_backends() -> list[BackendSpec]:
             probe=_probe,
             description="TensorRT engines built from the partition's ONNX, caller-owned state bound in place",
             options=OPTIONS,
+            # DequantizeLinear + MatMul in the ONNX (etsdk_tensorrt.quantized); GGUF blocks as the planes they hold
+            weight_formats=tuple(f.name for f in WeightFormat.every()),
         )
     ]

@@ -34,7 +34,10 @@ Limits (what is *not* like TensorRT):
   binding refuses host state before running.
 * No kernels, tactics, precision or optimisation profiles: builder flags and
   profiles are recorded, not applied; everything computes as the ONNX says.
-  bfloat16 tensors are not supported.
+  bfloat16 tensors are not supported. A quantized weight (``DequantizeLinear``
+  into ``MatMul``) is dequantized and multiplied in float, as TensorRT's
+  weight-only GEMMs compute it, not fused: ONNX Runtime runs with its basic
+  optimizations only (its extended ones would quantize the activations too).
 * An output bound over an input's memory that the engine does not declare as an
   alias (a ``user`` alias) is computed into scratch memory and written after the
   run, i.e. as if the engine read every input before writing that output.
@@ -510,6 +513,9 @@ class ICudaEngine:
             options.log_severity_level = 3
             options.intra_op_num_threads = 1
             options.inter_op_num_threads = 1
+            # ORT's extended optimizations turn DequantizeLinear -> MatMul into an int8 MatMul that quantizes the
+            # activations too (1 % off on a quantized weight); TensorRT's weight-only GEMM keeps them in float
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
             self._session = ort.InferenceSession(
                 self._model.SerializeToString(), options, providers=["CPUExecutionProvider"]
             )
