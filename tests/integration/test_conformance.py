@@ -1,6 +1,6 @@
 """The conformance kit: it passes for the reference backend, and fails for broken backends at the right behaviour.
 
-The kit's own tests run here for the reference backend (``from etsdk.conformance.suite import *``). Three
+The kit's own tests run here for the reference backend (``from etsdk.conformance.suite import *``). Four
 deliberately broken backends, each built on the reference backend's parts with one fault, run the kit in a
 subprocess as an installed distribution would: each fails exactly where its fault is, and the report says so.
 """
@@ -66,20 +66,35 @@ BROKEN = """
             return super().init(dataclasses.replace(context, blob=memoryview(writer.to_bytes())))
 
 
-    def spec(backend_id, binding):
+    class IgnoresScales(ReferenceBinding):
+        '''Multiplies by quantized weights as if every scale were 1.'''
+
+        def init(self, context):
+            import torch
+
+            handle = super().init(context)
+            linear_q = torch.ops.etsdk.linear_q.default
+            for call in handle._calls:
+                if call.op is linear_q:
+                    call.op = lambda x, q, s, m, b, f: linear_q(x, q, torch.ones_like(s), m, b, f)
+            return handle
+
+
+    def spec(backend_id, binding, formats=()):
         return BackendSpec(
             id=backend_id, version="0",
             partitioner=lambda **options: ReferencePartitioner(backend_id=backend_id, **options),
             preprocess=preprocess, runtime=binding,
             capabilities=frozenset({Capability.CPU, Capability.CALLER_OWNED_STATE}),
             options=(Option("ops", (list, tuple), None),),
+            weight_formats=formats,
         )
 
 
     @hookimpl
     def etsdk_register_backends():
         return [spec("BrokenCopiesState", CopiesState), spec("BrokenSwapsOutputs", SwapsOutputs),
-                spec("BrokenIgnoresFeatures", IgnoresFeatures)]
+                spec("BrokenIgnoresFeatures", IgnoresFeatures), spec("BrokenIgnoresScales", IgnoresScales, ("int8", "int4:g32"))]
 """
 
 EXPECTED_FAILURES = {
@@ -90,6 +105,7 @@ EXPECTED_FAILURES = {
     },
     "BrokenSwapsOutputs": {"binding order: user outputs in their slots"},
     "BrokenIgnoresFeatures": {"refusal of an unknown required feature: in the backend's own blob"},
+    "BrokenIgnoresScales": {"quantized weights: each declared format computes the format's math (etsdk::linear_q / embedding_q)"},
 }
 
 
@@ -119,6 +135,10 @@ def test_the_kit_fails_each_broken_backend_at_its_fault(tmp_path: Path) -> None:
     assert "binding order with an aliased output: user outputs beside a cache update" in swaps
     ignores = {r["behaviour"] for r in results if r["backend"] == "BrokenIgnoresFeatures" and r["outcome"] == "failed"}
     assert ignores == {"refusal of an unknown required feature: in the backend's own blob"}
+    scales = {r["behaviour"] for r in results if r["backend"] == "BrokenIgnoresScales" and r["outcome"] == "failed"}
+    assert scales == EXPECTED_FAILURES["BrokenIgnoresScales"]  # the only fault: every other behaviour passes
+    skipped = {r["behaviour"]: r["message"] for r in results if r["backend"] == "BrokenCopiesState" and r["outcome"] == "skipped"}
+    assert "declares no weight formats" in skipped.get(next(iter(EXPECTED_FAILURES["BrokenIgnoresScales"])), ""), skipped
     assert "BrokenCopiesState  failed   in-place caller-owned state" in result.stdout
 
 

@@ -76,3 +76,25 @@ class CachePair(torch.nn.Module):
         self.k.index_copy_(0, positions, x)
         memory = self.k.sum(0, keepdim=True)
         return self.a(x) + memory, self.b(x) * 3.0
+
+
+class QuantizedMlp(torch.nn.Module):
+    """An embedding, two linear layers and a head, to be quantized (``etsdk.quantize_model``) in a format the
+    backend declares: rows of 64 values, so every group size of 32 or 64 divides them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        generator = torch.Generator().manual_seed(15)
+        self.embed = torch.nn.Embedding(32, 64)
+        self.up = torch.nn.Linear(64, 64)
+        self.down = torch.nn.Linear(64, 64)
+        self.head = torch.nn.Linear(64, 32, bias=False)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.5)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.down(torch.relu(self.up(self.embed(ids)))))
+
+    def get_output_embeddings(self) -> torch.nn.Module:
+        return self.head

@@ -14,8 +14,9 @@ suite, import this module's tests and name the backend::
 Each test's first docstring line names the behaviour; a failure message starts with it. Behaviours that do
 not apply are skipped with the reason: a capability the backend does not declare
 (``Capability.CALLER_OWNED_STATE``), a behaviour that needs a second backend when the one under test is the
-reference backend itself, or, with a companion backend (``--etsdk-companion ID``, the ``etsdk_companion``
-fixture), a model of which the backend under test claims no operator.
+reference backend itself, quantized weights when the backend declares no weight format
+(``BackendSpec.weight_formats``), or, with a companion backend (``--etsdk-companion ID``, the
+``etsdk_companion`` fixture), a model of which the backend under test claims no operator.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ __all__ = [
     "test_fresh_load_starts_from_initial_state",
     "test_mutated_payloads_never_crash",
     "test_persistence_check",
+    "test_quantized_weights_like_eager",
     "test_repeated_calls_accumulate_state",
     "test_second_backend_in_the_same_method",
     "test_sessions_are_isolated",
@@ -179,6 +181,52 @@ def test_user_outputs_land_in_their_slots(kit: Kit) -> None:
     want = model(x)
     for index, (g, w) in enumerate(zip(got, want)):
         _close(g, w, f"binding order: output {index} is not the model's output {index} (swapped outputs?)")
+
+
+#: The formats the quantized-weights behaviour tries, each one the backend declares (int8 first: the commonest).
+QUANTIZED_FORMATS = ("int8", "int4:g32", "int4:g32:min", "int8:g32", "q8_0", "q4_0", "q4_1")
+
+
+def test_quantized_weights_like_eager(kit: Kit) -> None:
+    """quantized weights: each declared format computes the format's math (etsdk::linear_q / embedding_q)"""
+    from etsdk._format.weight_format import WeightLayout
+    from etsdk.conformance.models import QuantizedMlp
+
+    declared = kit.spec.weight_formats
+    if not declared:
+        pytest.skip(f"{kit.backend_id} declares no weight formats (BackendSpec.weight_formats)")
+    tried = [name for name in QUANTIZED_FORMATS if name in declared] or [declared[0]]
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9]])
+    for name in tried:
+        fmt = etsdk.WeightFormat.parse(name)
+        model = QuantizedMlp().eval()
+        if fmt.layout is WeightLayout.PLANES:
+            etsdk.quantize_model(model, fmt, embedding=fmt, head=fmt)
+        else:
+            _gguf_layers(model, fmt)
+        program = etsdk.load(kit.one_method(f"quantized-{name.replace(':', '-')}", model, (ids,), (kit.backend_id,)).path)
+        _claims(kit, program, "forward", f"quantized weights ({name})")
+        formats = {w.format for d in program.record.methods["forward"] if d.backend == kit.backend_id for w in d.signature.weights}
+        assert name in formats, f"quantized weights ({name}): {kit.backend_id} claimed no weight in {name} (it claimed {sorted(formats)})"
+        with torch.no_grad():
+            want = model(ids)
+        _close(program.run("forward", ids)[0], want, f"quantized weights ({name})")
+
+
+def _gguf_layers(model: Any, fmt: Any) -> None:
+    """The model's layers as ``fmt``'s blocks (GGUF formats), made from the planes etsdk quantizes."""
+    from etsdk._quant.planes import Planes, gguf_blocks, quantize
+
+    for name in ("embed", "up", "down", "head"):
+        layer = getattr(model, name)
+        planes_format = fmt.planes_format
+        stored = quantize(layer.weight, planes_format)
+        planes = Planes(planes_format, stored["qdata"], stored["scales"], stored.get("mins"))
+        blocks = {"blocks": gguf_blocks(planes, fmt.layout)}
+        if isinstance(layer, torch.nn.Embedding):
+            setattr(model, name, etsdk.QuantizedEmbedding(fmt, blocks))
+        else:
+            setattr(model, name, etsdk.QuantizedLinear(fmt, blocks, layer.bias))
 
 
 # ----------------------------------------------------------------------------- caller-owned state
