@@ -57,12 +57,15 @@ class QuantizedLinear(_Stored):
 
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear, fmt: WeightFormat) -> QuantizedLinear:
+        """``linear``'s weight quantized to ``fmt`` (a planes format), its bias kept in float."""
         return cls(fmt, quantize(linear.weight, fmt), linear.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ w.T + bias`` by ``etsdk::linear_q``."""
         return torch.ops.etsdk.linear_q(x, self.qdata, self.scales, self.mins, self.bias, self.format)
 
     def extra_repr(self) -> str:
+        """``in_features=..., out_features=..., format=...`` (what ``print(model)`` shows)."""
         return f"in_features={self.in_features}, out_features={self.out_features}, format={self.format}"
 
 
@@ -79,13 +82,16 @@ class QuantizedEmbedding(_Stored):
 
     @classmethod
     def from_embedding(cls, embedding: torch.nn.Embedding, fmt: WeightFormat) -> QuantizedEmbedding:
+        """``embedding``'s table quantized to ``fmt`` (a planes format), one group of scales per row."""
         return cls(fmt, quantize(embedding.weight, fmt), embedding.weight.dtype, getattr(embedding, "embed_scale", None))
 
     def forward(self, indices: torch.Tensor) -> torch.Tensor:
+        """The rows ``indices`` picks, dequantized (times ``scale`` when there is one)."""
         out = torch.ops.etsdk.embedding_q(self.qdata, self.scales, self.mins, indices, self.format, self.dtype)
         return out * self.scale.to(out.dtype) if isinstance(self.scale, torch.Tensor) else (out * self.scale if self.scale is not None else out)
 
     def extra_repr(self) -> str:
+        """``num_embeddings, embedding_dim, format=...``."""
         return f"{self.num_embeddings}, {self.embedding_dim}, format={self.format}"
 
 

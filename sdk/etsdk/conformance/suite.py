@@ -206,7 +206,9 @@ def test_quantized_weights_like_eager(kit: Kit) -> None:
             _gguf_layers(model, fmt)
         program = etsdk.load(kit.one_method(f"quantized-{name.replace(':', '-')}", model, (ids,), (kit.backend_id,)).path)
         _claims(kit, program, "forward", f"quantized weights ({name})")
-        formats = {w.format for d in program.record.methods["forward"] if d.backend == kit.backend_id for w in d.signature.weights}
+        record = program.record
+        assert record is not None, f"quantized weights ({name}): the program has no etsdk record"
+        formats = {w.format for d in record.methods["forward"] if d.backend == kit.backend_id for w in d.signature.weights}
         assert name in formats, f"quantized weights ({name}): {kit.backend_id} claimed no weight in {name} (it claimed {sorted(formats)})"
         with torch.no_grad():
             want = model(ids)
