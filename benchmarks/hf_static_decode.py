@@ -16,10 +16,25 @@ The prompt is exactly T tokens (one prefill call everywhere), then ``--new`` dec
   ``executorch.runtime``. Each ExecuTorch method keeps its own mutable buffers, so its decode does not see its
   prefill's cache: its timings are valid, its tokens are not compared.
 
+``--quantize FORMAT`` (``int8``, ``int4``, ...; the embedding and the head in int8, as ``etsdk export
+--quantize`` does): the etsdk program holds quantized weights; ``eager`` is transformers with torchao's
+quantization of the same kind (int8: ``Int8WeightOnlyConfig``; 4-bit: torchao's ``8da4w``,
+``Int8DynamicActivationIntxWeightConfig(int4, PerGroup(32))``, torchao 0.18 having no 4-bit weight-only CPU
+kernel) and ``xnnpack`` is ExecuTorch + XNNPACK with torchao's 8da4w / 8da8w, the recipe of ExecuTorch's own LLM
+export. ``--gguf TYPE`` (``Q8_0``, ``Q4_0``, ``Q4_1``): the model is written as a GGUF file (linear layers in
+TYPE, embedding and head in Q8_0) and etsdk exports that file (the blocks kept as they are). ``--llama-cpp``
+adds the ``llama_cpp`` path: llama.cpp (llama-cpp-python, a benchmark-only install) on a GGUF file of the same
+weights: ``--gguf``'s file, or for ``--quantize int8`` Q8_0, for a 4-bit ``--quantize`` Q4_0 (embedding and head
+Q8_0), for float32 F32; same threads, prompt, greedy steps (llama.cpp's ``eval``, argmax in numpy). With
+``--quantize`` / ``--gguf`` the float32 etsdk program runs too, interleaved, as ``etsdk_float``
+(``etsdk_vs_etsdk_float_decode``: the quantized program's speed-up).
+
 ``limit``: the machine's weight-read limit, measured in the same run: one read of the model's weight bytes with
 the fastest kernel available (``torch.mv`` over one matrix holding the model's weight bytes, and ``F.linear`` over
 the model's own matrices; the faster one counts). A decode step must read every weight once, so
 ``limit_steps_per_s`` bounds decode tokens/s, and ``<path>_fraction_of_limit`` = path tokens/s / limit steps/s.
+With ``--quantize`` / ``--gguf`` the limit counts the packed bytes: the float32 read's bytes per second times the
+quantized weights' bytes (``weight_bytes`` is then the quantized size, ``float_weight_bytes`` the float32 one).
 
 ``--contended``: every round runs each path twice, quiet and with one competing busy process (a Python busy loop,
 started before and killed after that path's contended half); reports ``<path>_contended_tokens_per_s`` and
@@ -70,7 +85,7 @@ from etsdk_hf_static.runner import HfStaticRunner, Step
 from etsdk_hf_static.tiny import tiny_model
 
 SHAPES = ("default", "smollm2-135m")
-PATHS = ("etsdk", "eager", "xnnpack")  # every path's keys are in the JSON, null for one not run
+PATHS = ("etsdk", "etsdk_float", "eager", "xnnpack", "llama_cpp")  # every path's keys are in the JSON, null if not run
 
 
 def smollm2_135m_shape(seed: int = 0) -> Any:
@@ -105,6 +120,47 @@ class _SelfPositioned(StaticCausalLM):
         for layer in self.cache.layers:
             layer.cumulative_length.copy_(positions[0])
         return super().forward(input_ids, positions, attention_mask)
+
+
+def _torchao(model: Any, quantize: str | None, *, dynamic: bool) -> Any:
+    """A copy of ``model`` quantized by torchao as ``--quantize`` asks (None: the model itself)."""
+    if quantize is None:
+        return model
+    import copy
+
+    from etsdk import WeightFormat
+    from torchao.quantization import Int8DynamicActivationIntxWeightConfig, Int8WeightOnlyConfig, quantize_
+    from torchao.quantization.granularity import PerAxis, PerGroup
+
+    fmt = WeightFormat.parse(quantize)
+    quantized = copy.deepcopy(model)
+    if fmt.bits == 8 and not dynamic:
+        config: Any = Int8WeightOnlyConfig()
+    else:
+        granularity = PerGroup(fmt.group_size) if fmt.group_size else PerAxis(0)
+        config = Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4 if fmt.bits == 4 else torch.int8, weight_granularity=granularity)
+    quantize_(quantized, config)
+    return quantized
+
+
+def _quantized_bytes(model: Any, plan: Any) -> int:
+    """The weight matrices' bytes once quantized by ``plan`` (a tied head stored once, as etsdk stores it)."""
+    import copy
+
+    from etsdk import quantize_model
+
+    report = quantize_model(copy.deepcopy(model), plan)
+    return report.quantized_bytes + sum(w.numel() * w.element_size() for w in _weight_matrices(model)) - report.float_bytes
+
+
+def _gguf_types(quantize: str | None, gguf_type: str | None) -> dict[str, str]:
+    if gguf_type:
+        return {"token_embd": "Q8_0", "output": "Q8_0", "attn": gguf_type, "ffn": gguf_type}
+    if quantize is None:
+        return {"token_embd": "F32", "output": "F32", "attn": "F32", "ffn": "F32"}
+    bits = 8 if quantize.startswith("int8") else 4
+    kind = "Q8_0" if bits == 8 else "Q4_0"
+    return {"token_embd": "Q8_0", "output": "Q8_0", "attn": kind, "ffn": kind}
 
 
 def _xnnpack_program(model: Any, T: int, S: int, path: Path) -> Any:
@@ -224,6 +280,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads(N) first (default: leave it)")
     parser.add_argument("--contended", action="store_true", help="also run every path beside one busy process")
     parser.add_argument("--no-xnnpack", action="store_true", help="skip the XNNPACK peer (its export is slow)")
+    parser.add_argument("--quantize", default=None, metavar="FORMAT", help="quantized weights (int8, int4, int4:64, ...)")
+    parser.add_argument("--gguf", default=None, metavar="TYPE", help="export a GGUF file of the model (Q8_0, Q4_0, Q4_1)")
+    parser.add_argument("--llama-cpp", action="store_true", help="add llama.cpp on a GGUF file of the same weights")
     parser.add_argument("--workdir", default=None, help="keep the exported programs here and reuse them for the same "
                         "--model/--shape/sizes (a 135M-parameter AOTI export takes minutes; delete the directory "
                         "after changing the code)")
@@ -237,13 +296,22 @@ def main() -> None:
     T, S = args.prefill, args.context
     if T + args.new > S:
         parser.error("prefill + new must fit the context")
+    if args.quantize and args.gguf:
+        parser.error("--quantize and --gguf are two ways to quantize: give one")
     if args.threads:
         torch.set_num_threads(args.threads)
+    from etsdk import QuantizationPlan
+
     model = _model(args)
     params = sum(p.numel() for p in model.parameters())
     limit = _WeightReadLimit(model)
+    plan = QuantizationPlan.for_format(args.quantize) if args.quantize else None
+    if args.gguf:
+        plan = QuantizationPlan.for_format({"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1"}[args.gguf], embedding="q8_0", head="q8_0")
+    read_bytes = _quantized_bytes(model, plan) if plan is not None else limit.nbytes
     print(f"model: {type(model).__name__}, {params / 1e6:.1f}M parameters ({limit.nbytes / 1e6:.0f} MB of weight "
-          f"matrices), T={T}, S={S}, threads {torch.get_num_threads()}", file=sys.stderr)
+          f"matrices{f', {read_bytes / 1e6:.0f} MB quantized' if plan else ''}), T={T}, S={S}, threads "
+          f"{torch.get_num_threads()}", file=sys.stderr)
     prompt = torch.randint(0, model.config.vocab_size, (T,), generator=torch.Generator().manual_seed(0)).tolist()
     counters_ok, counters_why = _traffic_counters()
 
@@ -252,21 +320,35 @@ def main() -> None:
         tmp.mkdir(parents=True, exist_ok=True)
         pte = tmp / "model.pte"
         # a workdir's programs are reused only for the same model and sizes (else they are exported again)
-        stamp = json.dumps({k: getattr(args, k) for k in ("model", "shape", "hidden", "layers", "vocab", "prefill", "context")})
+        stamp = json.dumps({k: getattr(args, k) for k in ("model", "shape", "hidden", "layers", "vocab", "prefill", "context", "quantize", "gguf")})
         reuse = bool(args.workdir) and (tmp / "programs.json").is_file() and (tmp / "programs.json").read_text() == stamp
         if not reuse:
-            for stale in ("model.pte", "xnnpack.pte"):
+            for stale in ("model.pte", "float.pte", "xnnpack.pte", "model.gguf"):
                 (tmp / stale).unlink(missing_ok=True)
+        gguf_path = tmp / "model.gguf"
+        if args.gguf or args.llama_cpp:
+            from etsdk_hf_static.tiny import write_llama_gguf
+
+            if not (reuse and gguf_path.is_file()):
+                write_llama_gguf(model, gguf_path, types=_gguf_types(args.quantize, args.gguf))
         if not (reuse and pte.is_file()):
-            export(model, pte, backend="aoti", prefill_length=T, context_length=S,
+            source: Any = str(gguf_path) if args.gguf else model
+            export(source, pte, backend="aoti", prefill_length=T, context_length=S, quantization=None if args.gguf else plan,
                    partitioner_options={"EtsdkAotiBackend": {"device": "cpu"}}, quiet=True)
         runner = HfStaticRunner.from_file(pte)
-        eager = StaticCausalLM(model, S).eval()
+        float_runner = None
+        if plan is not None:
+            float_pte = tmp / "float.pte"
+            if not (reuse and float_pte.is_file()):
+                export(model, float_pte, backend="aoti", prefill_length=T, context_length=S,
+                       partitioner_options={"EtsdkAotiBackend": {"device": "cpu"}}, quiet=True)
+            float_runner = HfStaticRunner.from_file(float_pte)
+        eager = StaticCausalLM(_torchao(model, args.quantize or (args.gguf and "int4"), dynamic=False), S).eval()
         eager_counters = [b for n, b in eager.named_buffers() if n.startswith("cumulative_length")]
         peers: dict[str, Any] = {}
 
-        def run_etsdk(steps: int) -> tuple[float, float, float]:
-            conversation = runner.new_conversation()
+        def run_etsdk(steps: int, which: Any = None) -> tuple[float, float, float]:
+            conversation = (which or runner).new_conversation()
             faults = _minor_faults()
             result = conversation.generate(prompt, max_new_tokens=steps + 1, stop_at_eos=False)
             return result.prefill_ms, result.decode_tokens_per_s, (_minor_faults() - faults) / (steps + 1)
@@ -291,6 +373,8 @@ def main() -> None:
                 return prefill_s * 1e3, steps / seconds, (_minor_faults() - faults) / steps
 
         peers["etsdk"] = run_etsdk
+        if float_runner is not None:
+            peers["etsdk_float"] = lambda steps: run_etsdk(steps, float_runner)
         peers["eager"] = run_eager
         if not args.no_xnnpack:
             xnn_path = tmp / "xnnpack.pte"
@@ -299,7 +383,7 @@ def main() -> None:
 
                 xnn = Runtime.get().load_program(xnn_path)
             else:
-                xnn = _xnnpack_program(model, T, S, xnn_path)
+                xnn = _xnnpack_program(_torchao(model, args.quantize or (args.gguf and "int4"), dynamic=True), T, S, xnn_path)
             xnn_prefill, xnn_decode = xnn.load_method("prefill"), xnn.load_method("decode")
 
             def run_xnnpack(steps: int) -> tuple[float, float, float]:
@@ -317,6 +401,28 @@ def main() -> None:
                 return prefill_s * 1e3, steps / seconds, (_minor_faults() - faults) / steps
 
             peers["xnnpack"] = run_xnnpack
+        if args.llama_cpp:
+            import numpy as np
+            from llama_cpp import Llama
+
+            llm = Llama(str(gguf_path), n_ctx=S, n_batch=T, n_threads=torch.get_num_threads(), logits_all=False, verbose=False)
+
+            def run_llama_cpp(steps: int) -> tuple[float, float, float]:
+                llm.reset()
+                prefill_s = _time(lambda: llm.eval(prompt))
+                token = int(np.argmax(llm.eval_logits[-1]))
+
+                def decode() -> None:
+                    nonlocal token
+                    for _ in range(steps):
+                        llm.eval([token])
+                        token = int(np.argmax(llm.eval_logits[-1]))
+
+                faults = _minor_faults()
+                seconds = _time(decode)
+                return prefill_s * 1e3, steps / seconds, (_minor_faults() - faults) / steps
+
+            peers["llama_cpp"] = run_llama_cpp
         if args.workdir:
             (tmp / "programs.json").write_text(stamp)
 
@@ -361,13 +467,15 @@ def main() -> None:
                 traffic[name] = misses * 64 / args.new if misses is not None else None
 
     out: dict[str, Any] = {
-        "parameters": params, "weight_bytes": limit.nbytes, "prefill_length": T, "context_length": S,
+        "parameters": params, "weight_bytes": read_bytes, "float_weight_bytes": limit.nbytes,
+        "quantize": args.quantize, "gguf": args.gguf, "prefill_length": T, "context_length": S,
         "new_tokens": args.new, "threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "loadavg_1min_per_round": [round(x, 2) for x in loads],
     }
-    limit_steps = statistics.median(d for _, d, _ in quiet["limit"])
+    float_steps = statistics.median(d for _, d, _ in quiet["limit"])
+    out["limit_bytes_per_s"] = float_steps * limit.nbytes
+    limit_steps = out["limit_bytes_per_s"] / read_bytes  # the same bytes per second over the packed weights
     out["limit_steps_per_s"] = limit_steps
-    out["limit_bytes_per_s"] = limit_steps * limit.nbytes
     for name in PATHS:
         if name not in peers:  # not run: the same keys, null
             for key in ("tokens_per_s", "prefill_ms", "fraction_of_limit", "minor_faults_per_step"):
@@ -392,6 +500,10 @@ def main() -> None:
     out["etsdk_vs_eager_decode"] = out["etsdk_tokens_per_s"] / out["eager_tokens_per_s"]
     xnnpack = out["xnnpack_tokens_per_s"]
     out["etsdk_vs_xnnpack_decode"] = out["etsdk_tokens_per_s"] / xnnpack if xnnpack is not None else None
+    floating = out["etsdk_float_tokens_per_s"]
+    out["etsdk_vs_etsdk_float_decode"] = out["etsdk_tokens_per_s"] / floating if floating is not None else None
+    llama = out["llama_cpp_tokens_per_s"]
+    out["etsdk_vs_llama_cpp_decode"] = out["etsdk_tokens_per_s"] / llama if llama is not None else None
     print(json.dumps(out))
 
 

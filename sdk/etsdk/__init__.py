@@ -52,16 +52,17 @@ from etsdk.errors import (
 )
 
 if TYPE_CHECKING:
+    from etsdk._apps.quiet import quiet_command_line
     from etsdk._export.lower import MethodSource, lower
     from etsdk._export.output import Lowered, check_output_path
     from etsdk._quant.modules import QuantizationReport, QuantizedEmbedding, QuantizedLinear, quantize_model
+    from etsdk._quant.planes import quantize_weight
     from etsdk._runtime.bridge import InitContext, NamedData
     from etsdk._runtime.program import Method, MethodInfo, Program, TensorInfo, data_beside, load
     from etsdk._runtime.record import read_contract
     from etsdk._runtime.verification import VerifyReport, verify
     from etsdk._state.session import Session, StateView
     from etsdk._state.snapshot import Snapshot
-    from etsdk.cli.quiet import quiet_command_line
 
 _moved.install()
 
@@ -71,7 +72,7 @@ _LAZY = {
     "Session": "etsdk._state.session",
     "StateView": "etsdk._state.session",
     "Snapshot": "etsdk._state.snapshot",
-    "quiet_command_line": "etsdk.cli.quiet",
+    "quiet_command_line": "etsdk._apps.quiet",
     "data_beside": "etsdk._runtime.program",
     "Lowered": "etsdk._export.output",
     "MethodSource": "etsdk._export.lower",
@@ -89,6 +90,7 @@ _LAZY = {
     "QuantizedEmbedding": "etsdk._quant.modules",
     "QuantizedLinear": "etsdk._quant.modules",
     "quantize_model": "etsdk._quant.modules",
+    "quantize_weight": "etsdk._quant.planes",
 }
 
 
@@ -171,6 +173,7 @@ __all__ = [
     "load",
     "lower",
     "quantize_model",
+    "quantize_weight",
     "quiet_command_line",
     "read_contract",
     "register_contracts",

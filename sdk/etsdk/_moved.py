@@ -51,7 +51,7 @@ MOVED: dict[str, tuple[str, str]] = {
     "etsdk.inspection": ("etsdk._runtime.inspection", "etsdk"),
     "etsdk.bridge": ("etsdk._runtime.bridge", "etsdk.backend"),
     "etsdk.bridge.build": ("etsdk._runtime.bridge.build", "etsdk.backend"),
-    "etsdk.quiet": ("etsdk.cli.quiet", "etsdk"),
+    "etsdk.quiet": ("etsdk._apps.quiet", "etsdk"),
     "etsdk.generation": ("etsdk._apps.generation", "etsdk"),
     "etsdk.chat": ("etsdk_hf_static.chat", "etsdk_hf_static.chat"),
     "etsdk.demo": ("etsdk.cli.demo", "etsdk.cli"),

@@ -48,6 +48,9 @@ EXPECTED_KEYS: dict[str, set[str]] = {
     "hf_static_decode": {
         "parameters",
         "weight_bytes",
+        "float_weight_bytes",
+        "quantize",
+        "gguf",
         "prefill_length",
         "context_length",
         "new_tokens",
@@ -58,7 +61,7 @@ EXPECTED_KEYS: dict[str, set[str]] = {
         "limit_bytes_per_s",
         *(
             f"{path}_{key}"
-            for path in ("etsdk", "eager", "xnnpack")
+            for path in ("etsdk", "etsdk_float", "eager", "xnnpack", "llama_cpp")
             for key in ("tokens_per_s", "prefill_ms", "fraction_of_limit", "minor_faults_per_step")
         ),
         "traffic_counters",
@@ -66,6 +69,21 @@ EXPECTED_KEYS: dict[str, set[str]] = {
         "etsdk_program_run_us_per_step",
         "etsdk_vs_eager_decode",
         "etsdk_vs_xnnpack_decode",
+        "etsdk_vs_etsdk_float_decode",
+        "etsdk_vs_llama_cpp_decode",
+    },
+    "quantized_kernels": {
+        "threads",
+        "rounds",
+        "shapes",
+        "fp32_us_small_m1",
+        *(f"{k}_over_fp32_small_m{m}" for k in ("etsdk_int8", "etsdk_int8_g32", "etsdk_int4_g32", "aten_int8", "aten_int4_g32") for m in (1, 8)),
+    },
+    "quantized_quality": {
+        "model",
+        "positions",
+        "variants",
+        *(f"{v}_{k}" for v in ("gguf", "int8", "int4") for k in ("top1_agreement", "mean_kl", "weight_bytes")),
     },
     "first_token": {
         "rounds",
@@ -93,18 +111,24 @@ EXPECTED_KEYS: dict[str, set[str]] = {
 WORKDIR_FLAG = {"hf_static_decode": "--workdir"}
 
 SCRIPTS = sorted({p.stem for p in BENCHMARKS.glob("*.py")} | set(EXPECTED_KEYS))
+#: further smoke runs of one script with other flags: (script, flags), each its own test
+VARIANTS = [("hf_static_decode", ["--quantize", "int4"])]  # the quantized paths (llama.cpp is a benchmark-only install)
 
 #: a hang guard, not a timing check (a smoke run takes ~10-120 s; much longer on a loaded machine)
 TIMEOUT_S = 1800
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", SCRIPTS)
-def test_benchmark_smoke(name: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("name", "flags"),
+    [*((name, []) for name in SCRIPTS), *VARIANTS],
+    ids=[*SCRIPTS, *(f"{name}{''.join(flags)}" for name, flags in VARIANTS)],
+)
+def test_benchmark_smoke(name: str, flags: list[str], tmp_path: Path) -> None:
     script = BENCHMARKS / f"{name}.py"
     assert script.is_file(), f"tests expect benchmarks/{name}.py: remove its entry from EXPECTED_KEYS"
     assert name in EXPECTED_KEYS, f"benchmarks/{name}.py has no entry in EXPECTED_KEYS: add its documented JSON keys"
-    command = [sys.executable, str(script), "--smoke"]
+    command = [sys.executable, str(script), "--smoke", *flags]
     if name in WORKDIR_FLAG:
         command += [WORKDIR_FLAG[name], str(tmp_path / "work")]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)

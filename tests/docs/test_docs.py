@@ -31,6 +31,7 @@ ALONE = ["README.md", "docs/index.md", "plugins/aoti/README.md", "docs/hf_static
 #: bash / console commands, in order, in that directory. Those over a minute on two cores are slow.
 GUIDES = [
     pytest.param("docs/integrity.md", id="integrity"),
+    pytest.param("docs/quantization.md", id="quantization"),  # one AOTI export of a tiny model
     pytest.param("docs/mixed-delegates.md", id="mixed-delegates", marks=pytest.mark.slow),  # etsdk-aoti compiles
     pytest.param("plugins/tensorrt/README.md", id="tensorrt", marks=pytest.mark.slow),  # ONNX export, ~1 min
 ]

@@ -7,7 +7,7 @@ import sys
 
 NOISY = """
 import logging, sys, warnings
-from etsdk.cli.quiet import quiet_command_line
+from etsdk._apps.quiet import quiet_command_line
 quiet_command_line(verbose=VERBOSE)
 logging.getLogger("torchao").warning("Failed to load _C.so")    # a library without handlers: logging's last resort
 handler = logging.StreamHandler(sys.stderr)                      # a library with its own handler, like torch's W1203
@@ -37,7 +37,7 @@ def test_quiet_command_line_silences_warnings_and_logs_below_error() -> None:
 def test_importing_etsdk_configures_nothing() -> None:
     code = (
         "import os; before = dict(os.environ)\n"
-        "import logging, warnings, etsdk, etsdk._state.session, etsdk._state.snapshot, etsdk._apps.generation, etsdk.cli.quiet\n"
+        "import logging, warnings, etsdk, etsdk._state.session, etsdk._state.snapshot, etsdk._apps.generation, etsdk._apps.quiet\n"
         "assert logging.root.manager.disable == 0, 'logging disabled on import'\n"
         "assert not any(f[0] == 'ignore' and f[2] is Warning for f in warnings.filters), 'warnings silenced on import'\n"
         "assert dict(os.environ) == before, 'environment changed on import'\n"

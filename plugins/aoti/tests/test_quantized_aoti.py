@@ -24,13 +24,11 @@ FORMATS = ["int8", "int8:g32", "int4:g32", "int4:g64:min", "int4:g128"]
 @pytest.mark.parametrize("name", FORMATS)
 @pytest.mark.parametrize("rows", [1, 3, 4, 5, 64])  # decode (the dot-product path) and prefill (the tiles)
 def test_the_kernel_computes_the_formats_math(name: str, rows: int) -> None:
-    from etsdk._quant.planes import quantize
-
     fmt = WeightFormat.parse(name)
     generator = torch.Generator().manual_seed(rows)
     for n, k in ((37, 256), (100, 128)):  # an output count that fills no tile or vector evenly
         weight = torch.randn(n, k, generator=generator)
-        stored = quantize(weight, fmt)
+        stored = etsdk.quantize_weight(weight, fmt)
         exact = dequantize(weight_planes(fmt, stored, (n, k)))
         x, bias = torch.randn(rows, k, generator=generator), torch.randn(n, generator=generator)
         got = kernels.qmm(x, stored["qdata"], stored["scales"], stored.get("mins"), bias, bits=fmt.bits, group=fmt.group_size or 0)
@@ -39,11 +37,9 @@ def test_the_kernel_computes_the_formats_math(name: str, rows: int) -> None:
 
 
 def test_one_scale_per_row_takes_any_row_length() -> None:
-    from etsdk._quant.planes import quantize
-
     fmt = WeightFormat.parse("int8")
     weight, x = torch.randn(24, 83), torch.randn(2, 83)  # 83: a vector and a masked tail
-    stored = quantize(weight, fmt)
+    stored = etsdk.quantize_weight(weight, fmt)
     want = x @ dequantize(weight_planes(fmt, stored, (24, 83))).t()
     for rows in (x[:1], x, x.repeat(4, 1)):
         got = kernels.qmm(rows, stored["qdata"], stored["scales"], bits=8, group=0)

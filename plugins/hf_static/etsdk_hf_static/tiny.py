@@ -18,7 +18,7 @@ import string
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ARCHITECTURES", "CHAT_TEMPLATE", "GGUF_TYPES", "char_tokenizer", "save_tiny_gguf", "save_tiny_model", "tiny_model"]
+__all__ = ["ARCHITECTURES", "CHAT_TEMPLATE", "GGUF_TYPES", "char_tokenizer", "save_tiny_gguf", "save_tiny_model", "tiny_model", "write_llama_gguf"]
 
 ARCHITECTURES = ("llama", "qwen2", "mistral")
 SPECIALS = ("<unk>", "<bos>", "<eos>")
@@ -124,16 +124,31 @@ def save_tiny_gguf(path: str | Path, *, types: dict[str, str] | None = None, see
     """Write a tiny random-weight Llama as a GGUF file the way llama.cpp's converter lays it out (byte-level BPE
     tokenizer of 256 tokens plus ``<bos>`` / ``<eos>``, :data:`CHAT_TEMPLATE`); returns the path and the float
     model it was quantized from. ``types``: :data:`GGUF_TYPES` overrides (``{"ffn": "Q5_0"}``). Needs ``gguf``."""
+    tokens = ["<unk>", "<bos>", "<eos>", *_byte_level_alphabet()]
+    model = tiny_model("llama", vocab=len(tokens), hidden=64, layers=2, heads=4, kv_heads=2, seed=seed)
+    return write_llama_gguf(model, path, types=types, tokens=tokens), model
+
+
+def write_llama_gguf(model: Any, path: str | Path, *, types: dict[str, str] | None = None, tokens: list[str] | None = None) -> Path:
+    """Write a ``LlamaForCausalLM`` as a GGUF file as llama.cpp's converter lays it out (query / key rows in its
+    rotary order), each group of tensors in ``types`` (:data:`GGUF_TYPES` keys; ``F32`` or a type the ``gguf``
+    package quantizes: Q8_0, Q4_0, Q4_1, Q5_0, ...). ``tokens``: the vocabulary (default: placeholders, for
+    models run from token ids; a byte-level BPE tokenizer with no merges either way). A tied head is written
+    once, as the embedding. Needs ``gguf``."""
     import gguf
     import numpy as np
 
     path = Path(path)
     chosen = dict(GGUF_TYPES, **(types or {}))
-    tokens = ["<unk>", "<bos>", "<eos>", *_byte_level_alphabet()]
-    model = tiny_model("llama", vocab=len(tokens), hidden=64, layers=2, heads=4, kv_heads=2, seed=seed)
     config = model.config
+    vocab = config.vocab_size
+    if tokens is None:  # one merge first (llama.cpp wants at least one), the byte-level alphabet, placeholders
+        first = ["<unk>", "<bos>", "<eos>", "\u0120", "t", "\u0120t"]
+        tokens = [*first, *(c for c in _byte_level_alphabet() if c not in first)]
+        tokens = [*tokens, *(f"<t{i}>" for i in range(len(tokens), vocab))][:vocab]
+    merges = ["\u0120 t"] if "\u0120t" in tokens else []
     writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_name("etsdk tiny llama")
+    writer.add_name("etsdk llama")
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
     writer.add_block_count(config.num_hidden_layers)
@@ -142,43 +157,48 @@ def save_tiny_gguf(path: str | Path, *, types: dict[str, str] | None = None, see
     writer.add_head_count_kv(config.num_key_value_heads)
     writer.add_rope_freq_base(float(getattr(config, "rope_theta", None) or config.rope_parameters["rope_theta"]))
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_vocab_size(len(tokens))
-    writer.add_rope_dimension_count(config.hidden_size // config.num_attention_heads)
+    writer.add_vocab_size(vocab)
+    writer.add_rope_dimension_count(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
     writer.add_token_list(tokens)
     writer.add_token_types([gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.NORMAL] * (len(tokens) - 3))
     writer.add_token_scores([0.0] * len(tokens))
-    writer.add_token_merges([])
-    writer.add_bos_token_id(tokens.index("<bos>"))
-    writer.add_eos_token_id(tokens.index("<eos>"))
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
     writer.add_unk_token_id(0)
     writer.add_add_bos_token(False)
     writer.add_chat_template(CHAT_TEMPLATE)
-    state = {k: v.detach().numpy().astype(np.float32) for k, v in model.state_dict().items()}
 
-    def put(name: str, value: Any, kind: str) -> None:
+    def value(name: str) -> Any:
+        return model.get_parameter(name).detach().float().numpy()
+
+    def put(name: str, array: Any, kind: str) -> None:
+        array = np.ascontiguousarray(array, dtype=np.float32)
         if kind == "F32":
-            writer.add_tensor(name, np.ascontiguousarray(value))
+            writer.add_tensor(name, array)
             return
         qtype = gguf.GGMLQuantizationType[kind]
-        writer.add_tensor(name, gguf.quants.quantize(np.ascontiguousarray(value), qtype), raw_dtype=qtype)
+        writer.add_tensor(name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
 
-    put("token_embd.weight", state["model.embed_tokens.weight"], chosen["token_embd"])
-    put("output_norm.weight", state["model.norm.weight"], "F32")
-    put("output.weight", state["lm_head.weight"], chosen["output"])
+    put("token_embd.weight", value("model.embed_tokens.weight"), chosen["token_embd"])
+    put("output_norm.weight", value("model.norm.weight"), "F32")
+    if not config.tie_word_embeddings:
+        put("output.weight", value("lm_head.weight"), chosen["output"])
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     for i in range(config.num_hidden_layers):
         prefix = f"model.layers.{i}."
-        put(f"blk.{i}.attn_norm.weight", state[prefix + "input_layernorm.weight"], "F32")
-        put(f"blk.{i}.ffn_norm.weight", state[prefix + "post_attention_layernorm.weight"], "F32")
-        put(f"blk.{i}.attn_q.weight", _llama_permute(state[prefix + "self_attn.q_proj.weight"], config.num_attention_heads), chosen["attn"])
-        put(f"blk.{i}.attn_k.weight", _llama_permute(state[prefix + "self_attn.k_proj.weight"], config.num_key_value_heads), chosen["attn"])
-        put(f"blk.{i}.attn_v.weight", state[prefix + "self_attn.v_proj.weight"], chosen["attn"])
-        put(f"blk.{i}.attn_output.weight", state[prefix + "self_attn.o_proj.weight"], chosen["attn"])
+        put(f"blk.{i}.attn_norm.weight", value(prefix + "input_layernorm.weight"), "F32")
+        put(f"blk.{i}.ffn_norm.weight", value(prefix + "post_attention_layernorm.weight"), "F32")
+        put(f"blk.{i}.attn_q.weight", _llama_permute(value(prefix + "self_attn.q_proj.weight"), heads), chosen["attn"])
+        put(f"blk.{i}.attn_k.weight", _llama_permute(value(prefix + "self_attn.k_proj.weight"), kv_heads), chosen["attn"])
+        put(f"blk.{i}.attn_v.weight", value(prefix + "self_attn.v_proj.weight"), chosen["attn"])
+        put(f"blk.{i}.attn_output.weight", value(prefix + "self_attn.o_proj.weight"), chosen["attn"])
         for hf, name in (("gate_proj", "ffn_gate"), ("up_proj", "ffn_up"), ("down_proj", "ffn_down")):
-            put(f"blk.{i}.{name}.weight", state[prefix + f"mlp.{hf}.weight"], chosen["ffn"])
+            put(f"blk.{i}.{name}.weight", value(prefix + f"mlp.{hf}.weight"), chosen["ffn"])
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return path, model
+    return path

@@ -162,16 +162,16 @@ def gguf_program(tiny_gguf: tuple[Path, Any], tmp_path_factory: pytest.TempPathF
 
 
 def test_a_gguf_file_exports_with_its_blocks_byte_for_byte(tiny_gguf: tuple[Path, Any], gguf_program: Path) -> None:
+    import hashlib
+
     import gguf
     import numpy as np
-    from etsdk._runtime.program import open_checked
     from etsdk_hf_static.gguf_import import _llama_rows
 
     reader = gguf.GGUFReader(str(tiny_gguf[0]))
-    checked = open_checked(gguf_program, None)
-    checked.files.close()
-    data = gguf_program.read_bytes()
-    stored = {data[e.offset : e.offset + e.size] for e in checked.layout.entries}
+    report = etsdk.verify(gguf_program, methods=False)  # every entry's bytes hash to its key (content-addressed)
+    assert report.ok
+    stored = {check.key for check in report.entries}
     program = etsdk.load(gguf_program)
     for tensor in reader.tensors:
         if tensor.tensor_type.name not in ("Q8_0", "Q4_0", "Q4_1"):
@@ -181,7 +181,7 @@ def test_a_gguf_file_exports_with_its_blocks_byte_for_byte(tiny_gguf: tuple[Path
             rows = _llama_rows(blocks, 4 if ".attn_q." in tensor.name else 2)
             assert sorted(map(bytes, rows)) == sorted(map(bytes, blocks))
             blocks = rows
-        assert blocks.tobytes() in stored, tensor.name
+        assert f"weights/{hashlib.sha256(blocks.tobytes()).hexdigest()}" in stored, tensor.name
     formats = {w.name: w.format for d in program.record.methods["decode"] for w in d.signature.weights}
     assert formats["model.model.embed_tokens"] == "q8_0" and formats["model.model.layers.0.mlp.up_proj"] == "q4_1"
     assert formats["model.model.layers.1.self_attn.q_proj"] == "q4_0"

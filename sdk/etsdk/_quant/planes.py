@@ -19,7 +19,7 @@ import torch
 
 from etsdk._format.weight_format import GGUF_BLOCK, WeightFormat, WeightLayout
 
-__all__ = ["Planes", "dequantize", "gguf_blocks", "quantize", "unpack_int4", "weight_planes"]
+__all__ = ["Planes", "dequantize", "gguf_blocks", "pack_int4", "quantize", "quantize_weight", "unpack_int4", "weight_planes"]
 
 
 @dataclass(frozen=True)
@@ -145,6 +145,12 @@ def quantize(weight: torch.Tensor, fmt: WeightFormat) -> dict[str, torch.Tensor]
     if mins is not None:
         out["mins"] = mins.reshape(out["scales"].shape)
     return {k: v.contiguous() for k, v in out.items()}
+
+
+def quantize_weight(weight: torch.Tensor, fmt: WeightFormat | str) -> dict[str, torch.Tensor]:
+    """``weight`` (float ``[N, K]``) in the planes format ``fmt``: ``{"qdata", "scales"[, "mins"]}`` (what
+    ``etsdk.quantize_model`` stores for a layer). Raises ``ValueError`` naming what the format cannot hold."""
+    return quantize(weight, fmt if isinstance(fmt, WeightFormat) else WeightFormat.parse(fmt))
 
 
 def gguf_blocks(planes: Planes, layout: WeightLayout) -> torch.Tensor:

@@ -239,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     args = _parse(parser, argv)
     if args.command in _QUIET or getattr(args, "_etsdk_quiet", False):
-        from etsdk.cli.quiet import quiet_command_line
+        from etsdk._apps.quiet import quiet_command_line
 
         quiet_command_line(verbose=getattr(args, "verbose", False))  # this process only: the library never does
     try:

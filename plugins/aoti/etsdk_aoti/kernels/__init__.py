@@ -25,6 +25,7 @@ from __future__ import annotations
 import ctypes
 import threading
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -41,6 +42,8 @@ C_SHIM = (
 _SOURCE = Path(__file__).with_name("qmm.cpp")
 _lock = threading.Lock()
 _loaded: ctypes.CDLL | None = None
+_path: Path | None = None
+_function: Any = None
 
 
 @torch.library.custom_op("etsdk_aoti::etsdk_qmm", mutates_args=())
@@ -94,14 +97,14 @@ def _flags() -> list[str]:
 
 def load() -> Path:
     """Build (once per machine) and load the kernels library into the process's global scope; its path."""
-    global _loaded
+    global _loaded, _path
     from etsdk.backend import build_native_library
 
     with _lock:
-        path = build_native_library("etsdk_aoti_kernels", [_SOURCE], _flags())
-        if _loaded is None:
-            _loaded = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
-        return path
+        if _path is None:  # once per process: the build checks the cache by hashing the source
+            _path = build_native_library("etsdk_aoti_kernels", [_SOURCE], _flags())
+            _loaded = ctypes.CDLL(str(_path), mode=ctypes.RTLD_GLOBAL)
+        return _path
 
 
 def qmm(
@@ -117,13 +120,16 @@ def qmm(
     """Call the native kernel directly (tests and benchmarks): ``x [M, K] @ w.T (+ bias)`` for ``w`` in the planes
     ``qdata`` / ``scales`` / ``mins`` (float32 scales; ``group`` 0: one scale per row). Raises ``ValueError`` when
     the kernel refuses the tensors (wrong dtype, shape or layout)."""
+    global _function
     from etsdk_aoti.library import _new_capsule, free_handles, tensor_handles
 
     path = load()
-    assert _loaded is not None
-    function = _loaded.aoti_torch_cpu_etsdk_qmm
     pointer = ctypes.c_void_p
-    function.argtypes = [pointer, pointer, pointer, ctypes.POINTER(pointer), ctypes.POINTER(pointer), ctypes.c_int64, ctypes.c_int64, ctypes.POINTER(pointer)]
+    if _function is None:
+        assert _loaded is not None
+        _function = _loaded.aoti_torch_cpu_etsdk_qmm
+        _function.argtypes = [pointer, pointer, pointer, ctypes.POINTER(pointer), ctypes.POINTER(pointer), ctypes.c_int64, ctypes.c_int64, ctypes.POINTER(pointer)]
+    function = _function
     given = [x, qdata, scales, *(t for t in (mins, bias) if t is not None)]
     handles = tensor_handles(given)
     try:
