@@ -72,6 +72,16 @@ EXPECTED_KEYS: dict[str, set[str]] = {
         "etsdk_vs_etsdk_float_decode",
         "etsdk_vs_llama_cpp_decode",
     },
+    "load_verify": {
+        "weight_bytes",
+        "load_s",
+        "unverified_load_s",
+        "sha256_load_s",
+        "process_s",
+        "unverified_process_s",
+        "default_over_unverified",
+        "default_over_unverified_process",
+    },
     "quantized_kernels": {
         "threads",
         "rounds",

@@ -70,8 +70,8 @@ def _file_cases(art: dict[str, Any], target: str, rng: random.Random) -> list[tu
             "label": f"{target} {region.name if region else 'file'} {mutation}",
         }
         out.append((case, region))
-        if weights and mutation[0] == "flip":  # what the default load does with the same flip
-            out.append(({**case, "verify": False, "label": case["label"] + " (default load)"}, region))
+        if weights and mutation[0] == "flip":  # what the default load (BLAKE3 of every entry) does with the same flip
+            out.append(({**case, "verify": None, "label": case["label"] + " (default load)"}, region))
     return out
 
 
@@ -85,9 +85,8 @@ def _check(cases: list[tuple[dict[str, Any], Region | None]], results: dict[int,
         elif outcome == "refused" and result.get("lines", 1) != 1:
             problems.append(describe(case, result) + " (refusal is not one line)")
         elif outcome == "wrong":
-            default_load_of_weights = region is not None and region.weights and not case["verify"]
             unhashed = region is not None and region.weights and not content_hashes
-            if not (default_load_of_weights or unhashed):
+            if not unhashed:  # every load hashes every entry: a damaged weight is refused, never computed with
                 problems.append(describe(case, result) + " (silently wrong output)")
     return problems
 
@@ -117,20 +116,33 @@ def test_flips_and_truncations_are_refused_or_harmless(
     assert counts.get("refused", 0) > 0 and counts.get("same", 0) + counts.get("refused", 0) > len(cases) // 2
 
 
-def test_weight_flips_are_refused_with_verify(artifacts: dict[str, dict[str, Any]]) -> None:
-    art = artifacts["ref_ext"]
+@pytest.mark.parametrize("kind", ["ref_ext", "mixed_ext"])
+def test_weight_flips_are_refused_by_every_load_naming_the_entry(kind: str, artifacts: dict[str, dict[str, Any]]) -> None:
+    """A single flipped bit inside any weight of the .ptd: refused by the default load (BLAKE3 digests of the
+    program record) and by verify=True (SHA-256 keys), the damaged entry named; verify=False runs it."""
+    art = artifacts[kind]
     assert _keys_are_content_hashes(art), "every named-data key etsdk writes is a content hash"
+    from etsdk._runtime.program import open_checked
+
     data = art["ptd"].read_bytes()
-    (weights,) = [r for r in ptd_regions(art["ptd"]) if r.weights]
+    checked = open_checked(art["pte"], art["ptd"])
+    checked.files.close()
+    assert checked.data_layout is not None
+    entries = [e for e in checked.data_layout.entries if e.size]  # the alignment padding between them is no weight
     rng = random.Random(SEED)
-    cases = [
-        {"id": i, "kind": "file", "artifact": _serial(art), "target": "ptd", "verify": True,
-         "mutation": ["flip", weights.start + rng.randrange(weights.end - weights.start), 0x01], "label": "weights"}
-        for i in range(20)
-    ]
+    cases = []
+    for i in range(24):
+        entry = entries[i % len(entries)]
+        flip = ["flip", entry.offset + rng.randrange(entry.size), 0x01 << (i % 8)]
+        verify = (None, True)[i % 2]
+        cases.append({"id": i, "kind": "file", "artifact": _serial(art), "target": "ptd", "verify": verify, "mutation": flip,
+                      "label": f"weights ({'default load' if verify is None else 'verify=True'})"})
     results = run_cases(cases)
     outcomes = {results[c["id"]]["outcome"] for c in cases}
     assert outcomes == {"refused"}, [describe(c, results[c["id"]]) for c in cases]
+    for case in cases:
+        result = results[case["id"]]
+        assert result["error"] == "IntegrityError" and "named data '" in result["message"] and "is damaged" in result["message"], result
     assert len(data) == art["ptd"].stat().st_size
 
 
@@ -235,7 +247,8 @@ def test_contract_edits_are_refused_naming_the_field() -> None:
 
 
 def test_program_record_edits_are_refused(artifacts: dict[str, dict[str, Any]]) -> None:
-    """Same-length edits of the contract embedded in a program: refused by the record's checks."""
+    """Same-length edits of the contract embedded in a program: refused by the record's own checks (behind the
+    hashes: ``verify=False``), and by the default load's hash of the record's entry whatever the edit."""
     art = artifacts["ref_ext"]
     data = art["pte"].read_bytes()
     (record,) = [r for r in pte_regions(art["pte"]) if r.name == "program record"]
@@ -256,8 +269,10 @@ def test_program_record_edits_are_refused(artifacts: dict[str, dict[str, Any]]) 
         at = text.find(old)
         assert at != -1, old
         new = new + b" " * (len(old) - len(new))  # JSON allows the padding
-        cases.append({"id": len(cases), "kind": "file", "artifact": _serial(art), "target": "pte",
-                      "mutation": ["replace", record.start + at, new.hex()], "label": old.decode(), "expect": outcome})
+        for verify, expect in ((False, outcome), (None, "refused")):
+            cases.append({"id": len(cases), "kind": "file", "artifact": _serial(art), "target": "pte", "verify": verify,
+                          "mutation": ["replace", record.start + at, new.hex()], "label": f"{old.decode()} (verify={verify})",
+                          "expect": expect})
     results = run_cases(cases)
     for case in cases:
         assert results[case["id"]]["outcome"] == case["expect"], describe(case, results[case["id"]])

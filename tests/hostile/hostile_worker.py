@@ -89,7 +89,7 @@ def _file_case(case: dict[str, Any]) -> dict[str, Any]:
             data = _mutate(data, case["mutation"])
         target.unlink(missing_ok=True)  # a new file each time: a loaded program never sees a rewrite
         target.write_bytes(data)
-    got = generate(etsdk.load(pte, ptd if artifact["ptd"] else None, verify=case.get("verify", False)))
+    got = generate(etsdk.load(pte, ptd if artifact["ptd"] else None, verify=case.get("verify")))
     return {"outcome": "same" if torch.equal(got, clean) else "wrong"}
 
 

@@ -79,6 +79,8 @@ class LoweringContext:
     observers: list[DelegateObserver] = field(default_factory=list)
     #: node id -> why each backend that saw a quantized call could not claim it (etsdk._export.weight_claims)
     weight_refusals: dict[str, list[str]] = field(default_factory=dict)
+    #: named-data key -> BLAKE3 hex of its bytes, from every delegate's writer (the program record keeps them)
+    fast_digests: dict[str, str] = field(default_factory=dict)
     _next_id: int = 0
 
     def __post_init__(self) -> None:
@@ -303,6 +305,7 @@ def _preprocess(backend_id: str, method: str, edge_program: Any, compile_specs: 
         payload = transform(backend_id, method, payload)
     sealed = signature.sealed(payload)
     context.sealed[sealed.uid] = (backend_id, sealed, input_sources(edge_program))
+    context.fast_digests.update(writer.fast_digests)
     for observe in context.observers:
         observe(partition, sealed, payload)
     return PreprocessResult(processed_bytes=wrap_blob(payload, sealed.uid), data_store_output=writer.output())

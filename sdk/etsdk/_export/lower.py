@@ -271,7 +271,9 @@ def emit(edge: Any, records: Mapping[str, Any], contract: Any, model: Any, conte
 
     from etsdk._state.signature import ProgramRecord, program_record_key
 
-    record = ProgramRecord(methods=dict(records), contract=contract, producer=f"etsdk {_version()}", model=model)
+    record = ProgramRecord(
+        methods=dict(records), contract=contract, producer=f"etsdk {_version()}", model=model, checks=dict(context.fast_digests)
+    )
     store = getattr(edge, "_named_data_store", None)
     if store is None:
         raise ExportError(

@@ -1,7 +1,7 @@
 """File integrity: what every ``etsdk.load`` checks, what ``verify=True`` adds, ``etsdk verify``.
 
-Every load (cost: proportional to the flatbuffers, not to the weights; see
-docs/integrity.md for figures):
+Every load (structural checks proportional to the flatbuffers; the data's hashes to the weights, a BLAKE3 pass
+several times faster than SHA-256: see docs/integrity.md for figures):
 
 * the ``.pte``: ExecuTorch's flatbuffer verifier, then etsdk's structural
   checks of what the runtime trusts (:mod:`etsdk._format.program_file`: headers, segments,
@@ -16,15 +16,17 @@ docs/integrity.md for figures):
   with those at load (a file truncated or rewritten in place is refused
   instead of faulting or computing with other weights).
 
-``verify=True`` (and ``etsdk verify``) also hashes the data: every named-data
-entry whose key is content-addressed (``<namespace>/<sha256 hex>`` or a bare
-sha256 hex, what etsdk's writer stores, the program record ``etsdk/program/<sha256 hex>``
-included) is read once and its SHA-256 compared with its key. Keys of any other
-form (a third party's, the record ``etsdk/program`` of a program written before
-records were content-addressed) are reported as *unverifiable*, never as
-failures. The default load does not read the weights: a flipped bit inside a
-weight is not detected by it; nor does it hash the program record, except to say
-that a record it refuses is damaged.
+* every named-data entry (every weight) is read once and hashed, in parallel, before the runtime sees the
+  files: by the BLAKE3 digest the program record keeps for it (written at export beside the SHA-256 key,
+  when the ``blake3`` package is installed), else by the SHA-256 its content-addressed key records; a
+  mismatch is an :class:`etsdk.IntegrityError` naming the entry and the file. ``load(verify=False)`` skips
+  this (an explicit opt-out).
+
+``verify=True`` (and ``etsdk verify``) hashes by SHA-256 instead, whatever the record says: every named-data
+entry whose key is content-addressed (``<namespace>/<sha256 hex>`` or a bare sha256 hex, what etsdk's writer
+stores, the program record ``etsdk/program/<sha256 hex>`` included) is read once and its SHA-256 compared with
+its key. Keys of any other form (a third party's, the record ``etsdk/program`` of a program written before
+records were content-addressed) are reported as *unverifiable*, never as failures.
 """
 
 from __future__ import annotations

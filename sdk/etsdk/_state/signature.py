@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from etsdk._format.blob import BlobReader
-from etsdk._format.content_hash import content_digest
+from etsdk._format.content_hash import FAST, content_digest
 from etsdk._format.dtypes import dtype_name as _dtype_name
 from etsdk._format.fingerprint import ModelFingerprint
 from etsdk._format.versioning import check_format
@@ -59,7 +59,7 @@ __all__ = [
 PROGRAM_RECORD_KEY = "etsdk/program"
 PROGRAM_FORMAT = "etsdk.program"
 PROGRAM_FORMAT_MAJOR = 2
-PROGRAM_FORMAT_MINOR = 2  # 2.1: the model fingerprint (etsdk._format.fingerprint); 2.2: delegates' quantized weights
+PROGRAM_FORMAT_MINOR = 3  # 2.1: model fingerprint; 2.2: delegates' quantized weights; 2.3: BLAKE3 of named data
 #: Node meta key carrying a node's identity through partitioning (export only, never serialized).
 NODE_ID_META = "etsdk_node_id"
 #: Node meta key the core puts on a declared state's buffer placeholder before each partitioner pass: the state
@@ -368,12 +368,16 @@ class ProgramRecord:
     extra: Mapping[str, Any] = field(default_factory=dict)
     #: weights + state-spec fingerprint (None in records written before format 2.1)
     model: ModelFingerprint | None = None
+    #: named-data key -> BLAKE3 hex of its bytes: what every load checks each entry by (empty before format 2.3,
+    #: or where ``blake3`` was not installed at export; the SHA-256 in the key is checked then)
+    checks: Mapping[str, str] = field(default_factory=dict)
 
     def to_bytes(self) -> bytes:
         return json.dumps(
             {
                 "format": PROGRAM_FORMAT,
                 "format_version": [PROGRAM_FORMAT_MAJOR, PROGRAM_FORMAT_MINOR],
+                **({"checks": {FAST: dict(sorted(self.checks.items()))}} if self.checks else {}),
                 "model": self.model.to_json() if self.model is not None else None,
                 "producer": self.producer,
                 "contract": self.contract.to_json() if self.contract is not None else None,
@@ -422,7 +426,23 @@ class ProgramRecord:
         model = obj.get("model")
         if model is not None:
             model = ModelFingerprint.from_json(model, f"{where}: etsdk program record")
-        return cls(methods=methods, contract=contract, producer=producer if isinstance(producer, str) else "", model=model)
+        return cls(
+            methods=methods, contract=contract, producer=producer if isinstance(producer, str) else "", model=model,
+            checks=_checks(obj.get("checks"), where),
+        )
+
+
+def _checks(raw: Any, where: str) -> dict[str, str]:
+    """The record's ``checks`` (``{"blake3": {key: hex}}``), each digest 64 lowercase hex digits."""
+    if raw is None:
+        return {}
+    table = raw.get(FAST) if isinstance(raw, dict) else None
+    if not isinstance(table, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v)
+        for k, v in table.items()
+    ):
+        raise ProgramError(f"{where}: etsdk program record: checks.{FAST} must map named-data keys to 64 hex digits")
+    return dict(table)
 
 
 # ----------------------------------------------------------------------------- export-time order check
