@@ -25,6 +25,10 @@ __all__ = ["Constant", "NamedDataWriter", "Partition", "StateUpdate"]
 
 _CHUNK = 8 * 1024 * 1024
 
+#: Weights of this many bytes or more are spooled through a temporary file by ``add_weight``; smaller ones are
+#: held as bytes (a temporary file each would cost more than it saves).
+SPOOL_BYTES = 1 << 20
+
 
 @dataclass(frozen=True, slots=True)
 class Constant:
@@ -70,6 +74,17 @@ class NamedDataWriter:
         self.namespace = namespace
         self.external = external
         self._store = NamedDataStore()
+        #: key -> BLAKE3 hex of its bytes (when ``blake3`` is installed): the program record keeps these, and
+        #: every load checks each entry by them (etsdk._format.content_hash.check_entries)
+        self.fast_digests: dict[str, str] = {}
+
+    def _fast(self, key: str, data: Any) -> None:
+        from etsdk._format.content_hash import fast_hasher
+
+        hasher = fast_hasher(len(data) if hasattr(data, "__len__") else 0)
+        if hasher is not None:
+            hasher.update(data)
+            self.fast_digests[key] = str(hasher.hexdigest())
 
     def _key(self, digest: str) -> str:
         return f"{self.namespace}/{digest}"
@@ -82,6 +97,7 @@ class NamedDataWriter:
         flat = data.reshape(-1).view(torch.uint8).numpy().data if data.numel() else b""
         digest = hashlib.sha256(flat).hexdigest()
         key = self._key(digest)
+        self._fast(key, flat)
         self._store.add_named_data(key, data, alignment=alignment, external_tag=self.external)
         return key
 
@@ -93,6 +109,7 @@ class NamedDataWriter:
         """
         payload = bytes(data)
         key = self._key(hashlib.sha256(payload).hexdigest())
+        self._fast(key, payload)
         self._store.add_named_data(key, payload, alignment=alignment, external_tag=self.external)
         return key
 
@@ -103,50 +120,85 @@ class NamedDataWriter:
         """
         from executorch.exir._serialize._cord import FileBackedData
 
+        from etsdk._format.content_hash import fast_hasher
+
         path = Path(path)
-        if sha256 is None:
-            h = hashlib.sha256()
+        fast = fast_hasher(path.stat().st_size)
+        h = hashlib.sha256() if sha256 is None else None
+        if h is not None or fast is not None:
             with path.open("rb") as f:
                 while chunk := f.read(_CHUNK):
-                    h.update(chunk)
+                    if h is not None:
+                        h.update(chunk)
+                    if fast is not None:
+                        fast.update(chunk)
+        if h is not None:
             sha256 = h.hexdigest()
+        assert sha256 is not None
         key = self._key(sha256)
+        if fast is not None:
+            self.fast_digests[key] = str(fast.hexdigest())
         data = FileBackedData(str(path), cleanup=cleanup, sha256=bytes.fromhex(sha256))
         self._store.add_named_data(key, data, alignment=alignment, external_tag=self.external)
         return key
 
     def add_weight(self, tensor: Any, *, alignment: int = 64) -> str:
-        """Store one weight tensor (contiguous bytes) streamed through a file; returns ``"weights/<sha256>"``.
+        """Store one weight tensor's contiguous bytes; returns ``"weights/<sha256>"``.
 
         The canonical entry of a weight: every backend that stores a model tensor this way under the same
-        bytes shares one entry in the program (a mixed program stores each weight once), the bytes are hashed
-        while they are written, and no copy of the tensor is held in memory until the program is written.
-        ``NamedData.get_tensor(key, dtype, shape)`` reads it back zero-copy.
+        bytes shares one entry in the program (a mixed program stores each weight once), and the bytes are
+        hashed while they are stored. A weight of :data:`SPOOL_BYTES` or more goes through a temporary file
+        (no copy of it is held in memory until the program is written); a smaller one is held as bytes.
+        ``NamedData.get_tensor(key, dtype, shape)`` reads it back zero-copy. A temporary file that cannot be
+        written (a full disk) raises :class:`~etsdk.errors.ExportError`; nothing is written to the output.
         """
-        import tempfile
-
         import torch
 
         data = tensor.detach()
         if data.device.type != "cpu":
             data = data.cpu()
         data = data.contiguous()
-        digest = hashlib.sha256()
-        fd, name = tempfile.mkstemp(prefix="etsdk-weight-", suffix=".bin")
-        try:
-            with open(fd, "wb") as out:
-                if data.numel():
-                    view = memoryview(data.reshape(-1).view(torch.uint8).numpy())
-                    for start in range(0, view.nbytes, _CHUNK):
-                        chunk = view[start : start + _CHUNK]
-                        digest.update(chunk)
-                        out.write(chunk)
-        except BaseException:
-            Path(name).unlink(missing_ok=True)
-            raise
+        size = data.numel() * data.element_size()
+        view = memoryview(data.reshape(-1).view(torch.uint8).numpy()) if size else memoryview(b"")
+        if size < SPOOL_BYTES:
+            payload = bytes(view)
+            key = f"weights/{hashlib.sha256(payload).hexdigest()}"
+            self._fast(key, payload)
+            self._store.add_named_data(key, payload, alignment=alignment, external_tag=self.external)
+            return key
+        return self._spool_weight(view, alignment)
+
+    def _spool_weight(self, view: memoryview, alignment: int) -> str:
+        import tempfile
+
         from executorch.exir._serialize._cord import FileBackedData
 
+        from etsdk._format.content_hash import fast_hasher
+
+        digest = hashlib.sha256()
+        fast = fast_hasher(view.nbytes)
+        name = None
+        try:
+            fd, name = tempfile.mkstemp(prefix="etsdk-weight-", suffix=".bin")
+            with open(fd, "wb") as out:
+                for start in range(0, view.nbytes, _CHUNK):
+                    chunk = view[start : start + _CHUNK]
+                    digest.update(chunk)
+                    if fast is not None:
+                        fast.update(chunk)
+                    out.write(chunk)
+        except BaseException as exc:
+            if name is not None:
+                Path(name).unlink(missing_ok=True)
+            if isinstance(exc, OSError):
+                raise ExportError(
+                    f"storing a {view.nbytes}-byte weight in a temporary file under {tempfile.gettempdir()} failed: "
+                    f"{exc.strerror or exc}; nothing was written to the output (TMPDIR chooses the folder)"
+                ) from exc
+            raise
         key = f"weights/{digest.hexdigest()}"
+        if fast is not None:
+            self.fast_digests[key] = str(fast.hexdigest())
         backed = FileBackedData(name, cleanup=True, sha256=digest.digest())
         self._store.add_named_data(key, backed, alignment=alignment, external_tag=self.external)
         return key
