@@ -44,9 +44,9 @@ from typing import Any
 
 import etsdk
 import torch
-from etsdk.backend import BlobReader, InitContext
+from etsdk.backend import InitContext
 from etsdk.testing import CapturedDelegate, NamedDataStub, capture_delegates
-from etsdk_aoti import BACKEND_ID, BLOB_FEATURE, STATE_INPUTS_FEATURE
+from etsdk_aoti import BACKEND_ID
 from etsdk_aoti.library import Library
 from etsdk_aoti.runtime import AotiBinding
 from etsdk_aoti.testing import llama_methods, tiny_llama
@@ -55,9 +55,8 @@ from etsdk_aoti.threads import TeamSize
 
 def _direct(delegate: CapturedDelegate) -> tuple[Library, list[torch.Tensor]]:
     """The decode library with exactly the weights etsdk binds, and caches of its own (library inputs, in order)."""
-    reader = BlobReader(delegate.payload, known_features={BLOB_FEATURE, STATE_INPUTS_FEATURE})
-    key = json.loads(bytes(reader.section("config")))["weights_key"]
-    named = NamedDataStub({key: memoryview(delegate.named_data[key])})
+    # every entry the delegate wrote (one per constant): the binding reads the blob and takes what it names
+    named = NamedDataStub({key: memoryview(value) for key, value in delegate.named_data.items()})
     payload = memoryview(delegate.payload)
     context = InitContext(BACKEND_ID, delegate.method, payload, {}, named, delegate.signature)  # type: ignore[arg-type]
     handle = AotiBinding().init(context)

@@ -114,7 +114,7 @@ class SpyBinding(ReferenceBinding):
     records: dict[str, Any] = {}
 
     def init(self, context: Any) -> Any:
-        keys = [k for k in context.named_data.keys() if k.startswith(f"{context.backend_id}/")]  # this delegate's weights
+        keys = [k for k in context.named_data.keys() if k.startswith("weights/")]  # the weights (canonical entries)
         buffers = [context.named_data.get(k) for k in keys]
         self.records["named_data"] = [_mapping_of(_address(b)) for b in buffers]
         self.records["blob"] = _mapping_of(_address(context.blob))

@@ -67,7 +67,7 @@ def test_json_lists_delegates_operators_state_and_named_data(toy: Path) -> None:
     files = {e["file"] for e in report["named_data"]}
     assert files == {"toy.pte", "toy.ptd"}  # the program record in the .pte, weights in the .ptd
     weights = [e for e in report["named_data"] if e["file"] == "toy.ptd"]
-    assert weights and all(e["key"].startswith("EtsdkReferenceBackend/") for e in weights)
+    assert weights and all(e["key"].startswith("weights/") for e in weights)  # canonical entries, shared by backends
     assert sum(e["size"] for e in weights) >= sum(p.numel() * 4 for p in ToyDecoder().parameters())
 
 
@@ -108,7 +108,7 @@ def test_layers_fold_into_ranges_and_the_text_does_not_grow_with_them(deep: Path
     assert f"state k0..k{last}: reads and writes float32 [1, 1, 8, 4] (buffers k_cache_0..k_cache_{last})" in text
     assert f"state: the same {2 * DEEP} bindings as method decode [0]" in text  # prefill binds the same
     assert not re.search(r"state [kv]\d+:", text), "a per-layer state line"
-    assert re.search(r"EtsdkReferenceBackend/<sha256>  \d+ entries, \d+ bytes  \(deep.pte\)", text)
+    assert re.search(r"weights/<sha256>  \d+ entries, \d+ bytes  \(deep.pte\)", text)
     shallow = _inspect(str(toy)).stdout  # two layers, no metadata
     assert len(text.splitlines()) <= len(shallow.splitlines()) + len(metadata_lines(text)) <= 32, text
     # --json keeps every detail
