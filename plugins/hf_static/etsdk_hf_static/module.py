@@ -19,8 +19,28 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from etsdk import ExportError
 
-__all__ = ["StaticCausalLM", "causal_mask", "state_fqns"]
+__all__ = ["StaticCausalLM", "causal_mask", "state_fqns", "unsupported_layer"]
+
+
+def unsupported_layer(model: Any, index: int, layer: Any) -> str:
+    """Why hf_static v1 cannot export ``model``: layer ``index``'s cache is not a full-attention static one."""
+    config = model.config.get_text_config()
+    kind = type(layer).__name__
+    if "SlidingWindow" in kind:
+        feature = f"sliding-window attention (a ring cache of {getattr(config, 'sliding_window', '?')} rows)"
+    elif "LinearAttention" in kind:
+        feature = "linear attention (a recurrent state, not a key / value cache)"
+    else:
+        feature = f"a cache of kind {kind}"
+    types = getattr(config, "layer_types", None)
+    mix = f"; its layer types: {', '.join(sorted(set(types)))}" if types else ""
+    return (
+        f"{getattr(config, 'model_type', type(model).__name__)}: layer {index} uses {feature} ({kind}), and the "
+        f"hf_static v1 contract holds full-attention key / value caches only{mix}; export a model whose every layer "
+        f"is full attention"
+    )
 
 
 def state_fqns(layers: int) -> dict[str, str]:
@@ -60,9 +80,7 @@ class StaticCausalLM(torch.nn.Module):
         layers: list[StaticLayer] = []
         for i, layer in enumerate(self.cache.layers):
             if type(layer) is not StaticLayer:
-                raise TypeError(
-                    f"hf_static v1 supports full-attention static caches only; layer {i} uses {type(layer).__name__}"
-                )
+                raise ExportError(unsupported_layer(model, i, layer))
             layers.append(layer)
         heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
