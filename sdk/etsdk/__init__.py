@@ -54,7 +54,7 @@ from etsdk.errors import (
 if TYPE_CHECKING:
     from etsdk._apps.quiet import quiet_command_line
     from etsdk._export.lower import MethodSource, lower
-    from etsdk._export.output import Lowered, check_output_path
+    from etsdk._export.output import Lowered, check_free_space, check_output_path, format_bytes
     from etsdk._quant.modules import QuantizationReport, QuantizedEmbedding, QuantizedLinear, quantize_model
     from etsdk._quant.planes import quantize_weight
     from etsdk._runtime.bridge import InitContext, NamedData
@@ -78,6 +78,8 @@ _LAZY = {
     "MethodSource": "etsdk._export.lower",
     "lower": "etsdk._export.lower",
     "check_output_path": "etsdk._export.output",
+    "check_free_space": "etsdk._export.output",
+    "format_bytes": "etsdk._export.output",
     "verify": "etsdk._runtime.verification",
     "VerifyReport": "etsdk._runtime.verification",
     "Method": "etsdk._runtime.program",
@@ -155,7 +157,9 @@ __all__ = [
     "VerifyReport",
     "WeightFormat",
     "__version__",
+    "check_free_space",
     "check_output_path",
+    "format_bytes",
     "data_beside",
     "dtype_name",
     "get_backend",

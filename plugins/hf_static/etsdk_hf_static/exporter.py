@@ -15,7 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import etsdk
-from etsdk import Contract, ExportError, ExportRequest, MethodSource, QuantizationPlan, check_output_path
+from etsdk import (
+    Contract,
+    ExportError,
+    ExportRequest,
+    MethodSource,
+    QuantizationPlan,
+    check_free_space,
+    check_output_path,
+    format_bytes,
+)
 
 from etsdk_hf_static.metadata import CONTRACT_NAME, HfStaticMetadata
 from etsdk_hf_static.module import StaticCausalLM, causal_mask, state_fqns
@@ -211,6 +220,7 @@ def export(
         f"prefill -> {chosen['prefill']}, decode -> {chosen['decode']}",
         quiet,
     )
+    _plan(loaded, output, quiet)
     with torch.no_grad():
         sources = method_sources(loaded, meta, chosen, options)
         lowered = etsdk.lower(
@@ -225,6 +235,49 @@ def export(
     size = sum(p.stat().st_size for p in written if p.suffix in (".pte", ".ptd"))
     _say(f"done in {time.perf_counter() - started:.1f}s ({size / 2**20:.1f} MiB): {', '.join(str(p) for p in written)}", quiet)
     return written
+
+
+def model_size(model: Any) -> tuple[int, int]:
+    """``(parameters, weight bytes)`` of ``model`` as it will be exported: each storage once (tied weights share
+    one), a quantized layer's parameters counted by its shape and its bytes as stored."""
+    import torch
+    from etsdk import QuantizedEmbedding, QuantizedLinear
+
+    seen: set[tuple[int, int]] = set()
+    count = size = 0
+    for module in model.modules():
+        quantized = isinstance(module, (QuantizedLinear, QuantizedEmbedding))
+        if quantized:
+            count += module.rows * module.columns
+        for name, tensor in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
+            if tensor is None or name.startswith(("key_cache", "value_cache", "cumulative_length")):
+                continue
+            key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
+            if key in seen or tensor.device.type == "meta":
+                continue
+            seen.add(key)
+            size += tensor.numel() * tensor.element_size()
+            if not quantized and isinstance(tensor, torch.nn.Parameter):
+                count += tensor.numel()
+    return count, size
+
+
+def _plan(model: Any, output: Path, quiet: bool) -> None:
+    """Say what the export will take before it starts, and refuse it up front when the disk cannot hold it.
+
+    Backends that store weights with ``NamedDataWriter.add_weight`` (etsdk-aoti, the reference backend) share
+    one entry per weight, so the program holds about the weights' bytes (a backend that keeps its own copy adds
+    another); weights are also spooled to temporary files until the program is written. Memory: the export adds
+    about 0.2x the weights to what the loaded model takes (``hf_static_export_memory.py``).
+    """
+    count, size = model_size(model)
+    _say(
+        f"{count / 1e6:.1f}M parameters, {format_bytes(size)} of weights: writes about {format_bytes(size)} to "
+        f"{output.parent if str(output.parent) else '.'}; memory: the loaded model plus about "
+        f"{format_bytes(int(size * 0.2))}",
+        quiet,
+    )
+    check_free_space(output, size, spooled_bytes=size)
 
 
 def _quantize(model: Any, plan: QuantizationPlan, quiet: bool) -> None:

@@ -20,7 +20,7 @@ from typing import Any, BinaryIO
 
 from etsdk.errors import ExportError
 
-__all__ = ["Lowered", "check_output_path"]
+__all__ = ["Lowered", "check_free_space", "check_output_path", "format_bytes"]
 
 
 def _progress(stage: str, quiet: bool, started: float) -> None:
@@ -125,6 +125,46 @@ def check_output_path(path: str | Path, data_files: Sequence[str] = ()) -> Path:
     if not os.access(ancestor, os.W_OK | os.X_OK):
         raise ExportError(f"cannot write {path}: no permission to write in {ancestor}")
     return path
+
+
+def format_bytes(count: int) -> str:
+    """``count`` bytes for people: ``"812 B"``, ``"5.3 MiB"``, ``"12.8 GiB"`` (powers of 1024, as etsdk's other lines)."""
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if count >= size:
+            return f"{count / size:.1f} {unit}"
+    return f"{count} B"
+
+
+def check_free_space(path: str | Path, program_bytes: int, *, spooled_bytes: int = 0) -> None:
+    """Refuse, before any work, an export whose files cannot fit where they go.
+
+    ``program_bytes``: about what the ``.pte`` and its ``.ptd`` files will hold, written beside ``path`` (the
+    previous files stay until the new ones are complete, so their space is not counted as free).
+    ``spooled_bytes``: what the export keeps in temporary files under ``tempfile.gettempdir()`` until the
+    program is written (weights stored with ``NamedDataWriter.add_weight``). Both are needed at once when the
+    two folders share a file system. 5 % is added for the program's own tables. Raises a one-line
+    :class:`ExportError` naming the folder, what it needs and what it has.
+    """
+    ancestor = Path(path).parent if str(Path(path).parent) else Path(".")
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    needs: dict[int, list[tuple[Path, int, str]]] = {}
+    places = [(ancestor, program_bytes, "the program")]
+    if spooled_bytes:
+        places.append((Path(tempfile.gettempdir()), spooled_bytes, "temporary copies of the weights"))
+    for folder, count, what in places:
+        with contextlib.suppress(OSError):
+            needs.setdefault(os.stat(folder).st_dev, []).append((folder, int(count * 1.05), what))
+    for entries in needs.values():
+        need = sum(count for _, count, _ in entries)
+        folder = entries[0][0]
+        free = shutil.disk_usage(folder).free
+        if need > free:
+            parts = " and ".join(f"{format_bytes(count)} for {what} in {where}" for where, count, what in entries)
+            raise ExportError(
+                f"not enough free space: the export needs about {parts}, and that file system has "
+                f"{format_bytes(free)} free; free some space, or write elsewhere (TMPDIR chooses the temporary folder)"
+            )
 
 
 def _umask() -> int:

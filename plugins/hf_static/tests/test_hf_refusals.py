@@ -1,9 +1,12 @@
-"""A model hf_static v1 cannot express is refused at export with an etsdk error naming the layer and the feature."""
+"""Exports refused before any tracing: a model hf_static v1 cannot express (naming the layer and the feature), and
+a disk that cannot hold the program; an export says what it will take before it starts."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
+import etsdk
 import pytest
 import torch
 import transformers
@@ -42,3 +45,27 @@ def test_a_sliding_window_model_is_refused_naming_the_layer(config: object, expe
     with pytest.raises(ExportError, match=expected):
         export(_model(config()), out, backend="EtsdkReferenceBackend", prefill_length=4, context_length=32, quiet=True)  # type: ignore[operator]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_export_says_what_it_takes_and_a_full_disk_refuses_it_before_tracing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from etsdk_hf_static.exporter import model_size
+    from etsdk_hf_static.tiny import tiny_model
+
+    model = tiny_model("llama")
+    count, size = model_size(model)
+    assert count == sum(p.numel() for p in model.parameters())
+    assert size == 4 * count + sum(b.numel() * b.element_size() for b in model.buffers())  # fp32, nothing tied
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: real(path)._replace(free=size))  # less than 2x + 5 %
+    traced: list[object] = []
+    monkeypatch.setattr("etsdk_hf_static.exporter.method_sources", lambda *a, **k: traced.append(a))
+    out = tmp_path / "model.pte"
+    with pytest.raises(ExportError, match=r"not enough free space: the export needs about .*B for the program in "
+                       rf"{tmp_path} and .*B for temporary copies of the weights in .*, and that file system has "
+                       r".* free; free some space, or write elsewhere \(TMPDIR"):
+        export(model, out, backend="EtsdkReferenceBackend", prefill_length=4, context_length=32)
+    assert not traced and list(tmp_path.iterdir()) == []
+    said = capsys.readouterr().err
+    assert f"{count / 1e6:.1f}M parameters, " in said and f"writes about {etsdk.format_bytes(size)} to {tmp_path}" in said
