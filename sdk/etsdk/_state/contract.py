@@ -224,6 +224,16 @@ class Contract:
         return replace(self, states=tuple(replace(s, device=device) for s in self.states))
 
     @property
+    def sized_dims(self) -> frozenset[str]:
+        """Dims that size a shape or bound a value somewhere in this contract (they must be positive). Any other
+        dim only counts ``repeat`` entries and may be 0 (no such entry: e.g. the sliding-window layers of a model
+        that has none)."""
+        io = [i for m in self.methods for i in (*m.inputs, *m.outputs)]
+        shapes = [s.shape for s in self.states] + [i.shape for i in io]
+        sized = {d for shape in shapes for d in shape if isinstance(d, str)}
+        return frozenset(sized | {i.bound for i in io if isinstance(i.bound, str)})
+
+    @property
     def is_bound(self) -> bool:
         """True for a record: every dim an integer and no ``repeat`` left (what export and load require)."""
         return all(isinstance(v, int) for v in self.dims.values()) and not any(
@@ -238,8 +248,10 @@ class Contract:
         for key, value in sizes.items():
             if key not in dims:
                 raise ContractError(f"contract '{self.name}' has no dim '{key}' (dims: {', '.join(dims)})")
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ContractError(f"dim '{key}' must be a positive integer, found {value!r}")
+            floor = 1 if key in self.sized_dims else 0
+            if not isinstance(value, int) or isinstance(value, bool) or value < floor:
+                kind = "a non-negative integer (it only counts repeated entries)" if floor == 0 else "a positive integer"
+                raise ContractError(f"dim '{key}' must be {kind}, found {value!r}")
             fixed = dims[key]
             if fixed is not None and fixed != value:
                 raise ContractError(f"dim '{key}' is fixed to {fixed} by the contract, found {value}")
@@ -478,7 +490,7 @@ class Contract:
         dims_raw = p.obj(o.get("dims", {}), "dims")
         dims: dict[str, int | None] = {}
         for key, value in dims_raw.items():
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 raise ContractError(f"{where}.dims.{key}: expected a positive integer or null, found {value!r}")
             dims[key] = value
         methods_raw = p.obj(o.get("methods"), "methods")
@@ -502,6 +514,12 @@ class Contract:
             required_features=features,
             metadata=p.metadata(o.get("metadata", {}), "metadata"),
         )
+        zero = sorted(k for k, v in dims.items() if v == 0 and k in contract.sized_dims)
+        if zero:
+            raise ContractError(
+                f"{where}.dims.{zero[0]}: expected a positive integer or null, found 0 (only a dim that counts "
+                f"repeated entries and sizes no shape may be 0)"
+            )
         if contract.is_bound and not any(i.repeat for m in methods for i in (*m.inputs, *m.outputs)):
             try:
                 contract.validate()
