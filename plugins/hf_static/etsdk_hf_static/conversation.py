@@ -70,10 +70,11 @@ class Conversation:
         else:
             session.check_owner(runner.program)
         self.session = session
-        self._counters = [session.tensor(f"c{layer}") for layer in range(meta.layers)]
+        # version 1 keeps a counter per layer (written from the step's start); version 2 writes at the positions
+        self._counters = [session.tensor(f"c{layer}") for layer in range(meta.layers)] if meta.version == 1 else []
         self._inputs = {
-            "prefill": MethodInputs(meta.prefill_length, meta.context_length),
-            "decode": MethodInputs(1, meta.context_length),
+            "prefill": MethodInputs.for_method(meta.prefill_length, meta),
+            "decode": MethodInputs.for_method(1, meta),
         }
         self._tokens: list[int] = []  # rows 0 .. position-1 written, then the pending tokens
         self._position = 0
@@ -286,6 +287,11 @@ class Conversation:
         The last token kept becomes pending (its row is written again by the next call, which needs its
         logits), exactly the state a fresh conversation is in after generating up to it. Rows past the
         position are masked out and overwritten by the next calls.
+
+        Sliding-window layers (hf_static v2) keep ring caches: a ring of R rows still holds what a step back of
+        up to ``R - W + 1`` positions needs (``metadata.rewind_reach()``, at least T). A longer rewind keeps the
+        tokens but leaves them all pending, so the next call writes them again from position 0 (a re-prefill,
+        as a fresh conversation given them as one prompt would).
         """
         self._check_history("rewind")
         if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= len(self._tokens):
@@ -295,7 +301,14 @@ class Conversation:
         if count == 0:
             return
         del self._tokens[len(self._tokens) - count :]
-        self._position = min(self._position, max(len(self._tokens) - 1, 0))
+        position = min(self._position, max(len(self._tokens) - 1, 0))
+        reach = self._runner.metadata.rewind_reach()
+        if reach is not None and self._position - position > reach:
+            # the ring caches of sliding-window layers no longer hold every row the kept tokens' next query needs
+            # (later rows overwrote them): every kept token is written again by the next call, as for a fresh
+            # conversation given them as its prompt
+            position = 0
+        self._position = position
 
     # ------------------------------------------------------------------ snapshots and files
 

@@ -1,4 +1,9 @@
-"""Export a transformers causal LM as an hf_static v1 program: ``prefill`` (T tokens) and ``decode`` (1).
+"""Export a transformers causal LM as an hf_static program: ``prefill`` (T tokens) and ``decode`` (1).
+
+A model whose every layer is full attention becomes a version-1 program; one with
+sliding-window layers (Gemma 2/3, Mistral, Qwen2 with a window shorter than the
+context) a version-2 program, whose sliding-window layers keep ring caches of
+R = W + T - 1 rows (:mod:`etsdk_hf_static.metadata`).
 
 Both methods trace one :class:`~etsdk_hf_static.module.StaticCausalLM`, so they
 share its cache buffers, which become the program's caller-owned state (one
@@ -26,8 +31,8 @@ from etsdk import (
     format_bytes,
 )
 
-from etsdk_hf_static.metadata import CONTRACT_NAME, HfStaticMetadata
-from etsdk_hf_static.module import StaticCausalLM, causal_mask, state_fqns
+from etsdk_hf_static.metadata import CONTRACT_NAME, METADATA_FORMAT_V2, HfStaticMetadata, ring_rows
+from etsdk_hf_static.module import StaticCausalLM, WindowedCausalLM, causal_mask, layer_kinds, slot_mask, state_fqns
 
 __all__ = ["DEFAULT_CONTEXT_LENGTH", "DEFAULT_PREFILL_LENGTH", "default_sizes", "export", "export_request", "tokenizer_dir"]
 
@@ -128,6 +133,11 @@ def metadata_for(model: Any, prefill_length: int, context_length: int) -> HfStat
     if isinstance(limit, int) and context_length > limit:
         raise ExportError(f"context length S={context_length} exceeds the model's max_position_embeddings ({limit})")
     bos = getattr(config, "bos_token_id", None)
+    kinds, window = layer_kinds(model, context_length)
+    windows: dict[str, Any] = {}
+    if window is not None:
+        windows = {"layer_kinds": kinds, "window": window, "ring_rows": ring_rows(window, prefill_length, context_length),
+                   "format": METADATA_FORMAT_V2}
     return HfStaticMetadata(
         context_length=context_length,
         prefill_length=prefill_length,
@@ -138,11 +148,12 @@ def metadata_for(model: Any, prefill_length: int, context_length: int) -> HfStat
         eos_ids=tuple(e for e in _eos_ids(model) if 0 <= e < config.vocab_size),
         architecture=type(model).__name__,
         bos_id=bos if isinstance(bos, int) and 0 <= bos < config.vocab_size else None,
+        **windows,
     )
 
 
 def _contract(meta: HfStaticMetadata) -> Contract:
-    spec_file = etsdk.get_contract(CONTRACT_NAME, 1)
+    spec_file = etsdk.get_contract(CONTRACT_NAME, meta.version)
     spec = Contract.from_bytes(spec_file.path.read_bytes(), where=str(spec_file.path))
     return meta.attach(spec.bind(**meta.dims))
 
@@ -153,15 +164,23 @@ def method_sources(
     """The two method sources over one static-cache wrapper of ``model``."""
     import torch
 
-    wrapper = StaticCausalLM(model, meta.context_length).eval()
-    state = state_fqns(meta.layers)
+    wrapper: torch.nn.Module
+    if meta.version == 1:
+        wrapper = StaticCausalLM(model, meta.context_length).eval()
+        state = state_fqns(meta.layers)
+    else:
+        assert meta.ring_rows is not None and meta.window is not None
+        wrapper = WindowedCausalLM(model, meta.context_length, meta.ring_rows, meta.layer_kinds).eval()
+        state = {name: name for name, _ in wrapper.named_buffers(recurse=False)}
     sources = {}
     for name, rows in (("prefill", meta.prefill_length), ("decode", 1)):
-        example = (
+        example: tuple[torch.Tensor, ...] = (
             torch.zeros(1, rows, dtype=torch.long),
             torch.arange(rows),
             causal_mask(0, rows, rows, meta.context_length),
         )
+        if meta.ring_rows is not None and meta.window is not None:  # version 2
+            example += (slot_mask(0, rows, rows, meta.ring_rows, meta.window),)
         backend = backends[name]
         backend_options = {backend: dict(options[backend])} if options and backend in options else {}
         sources[name] = MethodSource(wrapper, example, (backend,), backend_options, strict=True, state=state)
@@ -215,7 +234,7 @@ def export(
         b: dict(o) for b, o in ((etsdk.resolve_backend_id(k), v) for k, v in (partitioner_options or {}).items())
     }
     _say(
-        f"{meta.architecture or type(loaded).__name__}: {meta.layers} layers, vocab {meta.vocab_size}, "
+        f"{meta.architecture or type(loaded).__name__}: {meta.layers} layers{_windows(meta)}, vocab {meta.vocab_size}, "
         f"T={meta.prefill_length}, S={meta.context_length}{f' ({why})' if why else ''}; "
         f"prefill -> {chosen['prefill']}, decode -> {chosen['decode']}",
         quiet,
@@ -235,6 +254,13 @@ def export(
     size = sum(p.stat().st_size for p in written if p.suffix in (".pte", ".ptd"))
     _say(f"done in {time.perf_counter() - started:.1f}s ({size / 2**20:.1f} MiB): {', '.join(str(p) for p in written)}", quiet)
     return written
+
+
+def _windows(meta: HfStaticMetadata) -> str:
+    if meta.version == 1:
+        return ""
+    count = meta.layer_kinds.count("window")
+    return f" ({count} sliding-window of {meta.window} positions in ring caches of R={meta.ring_rows} rows: {CONTRACT_NAME} v2)"
 
 
 def model_size(model: Any) -> tuple[int, int]:

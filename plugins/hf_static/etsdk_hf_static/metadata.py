@@ -1,10 +1,16 @@
-"""The hf_static v1 metadata record: what a runner needs to know before the first step.
+"""The hf_static metadata record (contract v1 and v2): what a runner needs to know before the first step.
 
 Embedded in the program as ``contract.metadata["hf_static"]`` (the contract
 record travels in the program and is checked against the installed
 specification at load). :func:`read_metadata` parses it strictly and checks it
 against the record's own sizes: every disagreement is a :class:`MetadataError`
 naming the field, what was expected and what was found.
+
+Version 1: every layer is full attention (caches of S rows, a counter per layer).
+Version 2 adds sliding-window layers: ``layer_kinds`` says per model layer
+``"full"`` (a cache of S rows, written at its positions) or ``"window"`` (a ring
+cache of R = ``ring_rows`` rows, written at position mod R, attending to the last
+``window`` positions); it has no counters.
 """
 
 from __future__ import annotations
@@ -15,12 +21,25 @@ from typing import Any
 
 from etsdk import Contract, ContractError
 
-__all__ = ["CONTRACT_NAME", "MASK_CONVENTION", "SUPPORTED_VERSIONS", "HfStaticMetadata", "MetadataError", "read_metadata"]
+__all__ = [
+    "CONTRACT_NAME",
+    "FULL",
+    "MASK_CONVENTION",
+    "SUPPORTED_VERSIONS",
+    "WINDOW",
+    "HfStaticMetadata",
+    "MetadataError",
+    "read_metadata",
+    "ring_rows",
+]
 
 CONTRACT_NAME = "hf_static"
-SUPPORTED_VERSIONS = (1,)
+SUPPORTED_VERSIONS = (1, 2)
 METADATA_KEY = "hf_static"
 METADATA_FORMAT = 1
+#: metadata format of a version-2 program (it adds ``window``, ``ring_rows`` and ``layer_kinds``)
+METADATA_FORMAT_V2 = 2
+FULL, WINDOW = "full", "window"
 #: ``mask[0, 0, i, j]`` is True where row ``i`` may attend to cache row ``j``.
 MASK_CONVENTION = "bool_true_visible"
 
@@ -36,6 +55,8 @@ class HfStaticMetadata:
     ``context_length`` S (cache rows), ``prefill_length`` T (tokens per prefill
     call), ``vocab_size`` V, ``layers`` L, ``kv_heads`` H, ``head_dim`` D;
     logits are the last (and only engine) output of each method, ``[1, rows, V]``.
+    Version 2 (sliding-window layers): ``window`` W, ``ring_rows`` R, and
+    ``layer_kinds`` (one of ``"full"`` / ``"window"`` per layer); empty for version 1.
     """
 
     context_length: int
@@ -52,16 +73,57 @@ class HfStaticMetadata:
     architecture: str = ""
     bos_id: int | None = None
     format: int = METADATA_FORMAT
+    window: int | None = None
+    ring_rows: int | None = None
+    layer_kinds: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["eos_ids"] = list(self.eos_ids)
+        if self.version == 1:
+            for name in ("window", "ring_rows", "layer_kinds"):
+                del out[name]
+        else:
+            out["layer_kinds"] = list(self.layer_kinds)
         return out
+
+    @property
+    def version(self) -> int:
+        """The hf_static contract version: 2 when a layer has a ring (sliding-window) cache, else 1."""
+        return 2 if self.layer_kinds else 1
 
     @property
     def dims(self) -> dict[str, int]:
         """The contract sizes this metadata implies."""
-        return {dim: getattr(self, name) for dim, name in _DIM_FIELDS.items()}
+        dims = {dim: getattr(self, name) for dim, name in _DIM_FIELDS.items()}
+        if self.version == 2:
+            dims["L"] = self.layer_kinds.count(FULL)
+            dims["LW"] = self.layer_kinds.count(WINDOW)
+            dims["R"] = self.ring_rows or 0
+        return dims
+
+    def cache_names(self, layer: int) -> tuple[str, str]:
+        """The state identities of model layer ``layer``'s key and value caches (``k3``/``v3``; ``kw0``/``vw0``
+        for the first sliding-window layer of a version-2 program)."""
+        if self.version == 1:
+            return f"k{layer}", f"v{layer}"
+        kind = self.layer_kinds[layer]
+        index = self.layer_kinds[:layer].count(kind)
+        return (f"k{index}", f"v{index}") if kind == FULL else (f"kw{index}", f"vw{index}")
+
+    def cache_rows(self, layer: int) -> int:
+        """Rows of layer ``layer``'s caches: S, or R for a ring."""
+        if self.version == 2 and self.layer_kinds[layer] == WINDOW:
+            return self.ring_rows or 0
+        return self.context_length
+
+    def rewind_reach(self) -> int | None:
+        """How many written positions a conversation can step back and still find every row its next query
+        needs in the ring caches (``R - W + 1``), or None when every cache keeps every row (version 1)."""
+        if self.version == 1 or self.ring_rows == self.context_length:
+            return None  # a ring of S rows never wraps: every written row stays
+        assert self.ring_rows is not None and self.window is not None
+        return self.ring_rows - self.window + 1
 
     def attach(self, record: Contract) -> Contract:
         """``record`` with this metadata embedded."""
@@ -91,11 +153,14 @@ def read_metadata(record: Contract | None) -> HfStaticMetadata:
             f"contract record lacks its '{METADATA_KEY}' metadata object (found {type(raw).__name__ if raw is not None else 'nothing'})"
         )
     known = set(HfStaticMetadata.__dataclass_fields__)
+    if record.version == 1:
+        known -= {"window", "ring_rows", "layer_kinds"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise MetadataError(f"metadata has unknown field(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
-    if raw.get("format") != METADATA_FORMAT:
-        raise MetadataError(f"metadata.format: expected {METADATA_FORMAT}, found {raw.get('format')!r}")
+    wanted_format = METADATA_FORMAT if record.version == 1 else METADATA_FORMAT_V2
+    if raw.get("format") != wanted_format:
+        raise MetadataError(f"metadata.format: expected {wanted_format}, found {raw.get('format')!r}")
     values: dict[str, Any] = {}
     for name in _INT_FIELDS:
         value = raw.get(name)
@@ -114,11 +179,14 @@ def read_metadata(record: Contract | None) -> HfStaticMetadata:
     for name, wanted in (("cache_dtype", "float32"), ("logits_dtype", "float32"), ("mask", MASK_CONVENTION), ("logits", "last")):
         found = raw.get(name, wanted)
         if found != wanted:
-            raise MetadataError(f"metadata.{name}: {CONTRACT_NAME} v1 supports {wanted!r}, found {found!r}")
+            raise MetadataError(f"metadata.{name}: {CONTRACT_NAME} v{record.version} supports {wanted!r}, found {found!r}")
     architecture = raw.get("architecture", "")
     if not isinstance(architecture, str):
         raise MetadataError(f"metadata.architecture: expected a string, found {architecture!r}")
-    meta = HfStaticMetadata(**values, eos_ids=tuple(eos), architecture=architecture, bos_id=bos)
+    extra: dict[str, Any] = {}
+    if record.version == 2:
+        extra = _read_windows(raw, values)
+    meta = HfStaticMetadata(**values, eos_ids=tuple(eos), architecture=architecture, bos_id=bos, **extra)
     if meta.prefill_length > meta.context_length:
         raise MetadataError(
             f"metadata.prefill_length {meta.prefill_length} exceeds context_length {meta.context_length}"
@@ -126,6 +194,38 @@ def read_metadata(record: Contract | None) -> HfStaticMetadata:
     for dim, value in meta.dims.items():
         if record.dims.get(dim) != value:
             raise MetadataError(
-                f"metadata.{_DIM_FIELDS[dim]} is {value} but the contract record's dim {dim} is {record.dims.get(dim)!r}"
+                f"metadata.{_DIM_FIELDS.get(dim, 'layer_kinds / ring_rows')} is {value} but the contract record's dim {dim} is {record.dims.get(dim)!r}"
             )
     return meta
+
+
+def _read_windows(raw: Mapping[str, Any], values: Mapping[str, int]) -> dict[str, Any]:
+    """The version-2 fields: ``window`` W, ``ring_rows`` R and ``layer_kinds``, checked against each other."""
+    kinds = raw.get("layer_kinds")
+    if not isinstance(kinds, list) or len(kinds) != values["layers"] or any(k not in (FULL, WINDOW) for k in kinds):
+        raise MetadataError(
+            f"metadata.layer_kinds: expected a list of {values['layers']} entries, each '{FULL}' or '{WINDOW}', found {kinds!r}"
+        )
+    if WINDOW not in kinds:
+        raise MetadataError(f"metadata.layer_kinds: a {CONTRACT_NAME} v2 program has a '{WINDOW}' layer, found none")
+    out: dict[str, Any] = {"layer_kinds": tuple(kinds), "format": METADATA_FORMAT_V2}
+    for name in ("window", "ring_rows"):
+        value = raw.get(name)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise MetadataError(f"metadata.{name}: expected a positive integer, found {value!r}")
+        out[name] = value
+    S, T = values["context_length"], values["prefill_length"]
+    if out["window"] >= S:
+        raise MetadataError(f"metadata.window: a ring layer's window must be below S={S}, found {out['window']}")
+    want = ring_rows(out["window"], T, S)
+    if out["ring_rows"] != want:
+        raise MetadataError(
+            f"metadata.ring_rows: W={out['window']}, T={T} and S={S} need {want} ring rows, found {out['ring_rows']}"
+        )
+    return out
+
+
+def ring_rows(window: int, prefill_length: int, context_length: int) -> int:
+    """R, the rows of a ring cache: W + T - 1 (a prefill chunk's first query still finds its W - 1 predecessors
+    after the chunk's T rows are written), at most S."""
+    return min(context_length, window + prefill_length - 1)

@@ -1,4 +1,4 @@
-"""The exportable form of a Hugging Face causal LM over a static cache (hf_static v1).
+"""The exportable form of a Hugging Face causal LM over a static cache (hf_static v1 and v2).
 
 :class:`StaticCausalLM` wraps a transformers ``*ForCausalLM`` with a
 ``StaticCache`` whose tensors are registered as buffers (``key_cache_{i}``,
@@ -12,6 +12,11 @@ not by the real row count) never leaves them stale.
 ``forward(input_ids [1, T] int64, positions [T] int64, attention_mask [1, 1, T, S] bool)``
 returns logits ``[1, T, V]`` float32. Mask convention ``bool_true_visible``:
 ``mask[0, 0, i, j]`` is True when row ``i`` may attend to cache row ``j``.
+
+:class:`WindowedCausalLM` (hf_static v2) is the form of a model with
+sliding-window layers: full layers keep S rows written at their positions,
+sliding-window layers a ring of R rows written at position mod R; it takes a
+second mask for the rings (:func:`slot_mask`) and has no counters.
 """
 
 from __future__ import annotations
@@ -21,26 +26,58 @@ from typing import Any
 import torch
 from etsdk import ExportError
 
-__all__ = ["StaticCausalLM", "causal_mask", "state_fqns", "unsupported_layer"]
+__all__ = [
+    "StaticCausalLM",
+    "WindowedCausalLM",
+    "causal_mask",
+    "layer_kinds",
+    "slot_mask",
+    "state_fqns",
+    "unsupported_layer",
+]
 
 
-def unsupported_layer(model: Any, index: int, layer: Any) -> str:
-    """Why hf_static v1 cannot export ``model``: layer ``index``'s cache is not a full-attention static one."""
+def unsupported_layer(model: Any, index: int, layer: Any, layer_type: str | None = None) -> str:
+    """Why hf_static cannot export ``model``: layer ``index``'s cache is neither full attention nor a sliding window."""
     config = model.config.get_text_config()
     kind = type(layer).__name__
-    if "SlidingWindow" in kind:
-        feature = f"sliding-window attention (a ring cache of {getattr(config, 'sliding_window', '?')} rows)"
-    elif "LinearAttention" in kind:
+    if layer_type == "chunked_attention":
+        feature = "chunked attention (attention within fixed blocks of positions)"
+    elif "LinearAttention" in kind or layer_type == "linear_attention":
         feature = "linear attention (a recurrent state, not a key / value cache)"
     else:
-        feature = f"a cache of kind {kind}"
+        feature = f"layers of type '{layer_type}'" if layer_type else f"a cache of kind {kind}"
     types = getattr(config, "layer_types", None)
     mix = f"; its layer types: {', '.join(sorted(set(types)))}" if types else ""
     return (
         f"{getattr(config, 'model_type', type(model).__name__)}: layer {index} uses {feature} ({kind}), and the "
-        f"hf_static v1 contract holds full-attention key / value caches only{mix}; export a model whose every layer "
-        f"is full attention"
+        f"hf_static contracts hold full-attention and sliding-window key / value caches only{mix}; export a model "
+        f"whose every layer is one of those"
     )
+
+
+def layer_kinds(model: Any, context_length: int) -> tuple[tuple[str, ...], int | None]:
+    """Per layer ``"full"`` or ``"window"`` (a sliding window shorter than the context), and the window W.
+
+    Refuses, as an :class:`etsdk.ExportError` naming the layer and the feature, a layer whose cache is neither
+    (linear attention, a chunked or other cache kind)."""
+    from transformers.cache_utils import StaticCache, StaticLayer, StaticSlidingWindowLayer
+
+    config = model.config.get_text_config()
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    kinds = []
+    for i, layer in enumerate(StaticCache(max_cache_len=context_length, config=config).layers):
+        if types is not None and types[i] not in ("full_attention", "sliding_attention"):
+            # e.g. Llama 4's chunked attention also gets a sliding-window cache, but attends by blocks, not by window
+            raise ExportError(unsupported_layer(model, i, layer, types[i]))
+        if type(layer) is StaticSlidingWindowLayer and isinstance(window, int) and window > 0:
+            kinds.append("window" if window < context_length else "full")
+        elif type(layer) is StaticLayer:
+            kinds.append("full")
+        else:
+            raise ExportError(unsupported_layer(model, i, layer))
+    return tuple(kinds), window if "window" in kinds else None
 
 
 def state_fqns(layers: int) -> dict[str, str]:
@@ -51,6 +88,25 @@ def state_fqns(layers: int) -> dict[str, str]:
         out[f"value_cache_{i}"] = f"v{i}"
         out[f"cumulative_length_{i}"] = f"c{i}"
     return out
+
+
+def slot_mask(
+    start: int, real: int, rows: int, ring: int, window: int, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The ``[1, 1, rows, ring]`` bool mask of a ring cache for ``real`` tokens at ``start`` padded to ``rows``.
+
+    Slot ``s`` holds the latest position ``q <= p`` with ``q = s (mod ring)``; query row ``i`` (position ``p =
+    start + min(i, real - 1)``: padded rows see what the last real row sees) may attend to it when ``q >= 0`` and
+    ``p - q < window``. With ``ring = window = S`` this is :func:`causal_mask`. The mask depends on positions
+    only, never on history: a ring of ``W + T - 1`` rows written at ``position mod ring`` holds every row a
+    query of the chunk needs.
+    """
+    p = (torch.clamp(torch.arange(rows), max=real - 1) + start).reshape(1, 1, rows, 1)
+    age = torch.remainder(p - torch.arange(ring).reshape(1, 1, 1, ring), ring)
+    visible = (age < window) & (age <= p)
+    if out is None:
+        return visible
+    return out.copy_(visible)
 
 
 def causal_mask(start_pos: int, real: int, rows: int, context: int, *, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -98,5 +154,73 @@ class StaticCausalLM(torch.nn.Module):
             cache_position=positions,
             past_key_values=self.cache,
             use_cache=True,
+        )
+        return out.logits
+
+
+def _position_cache(config: Any, context_length: int, targets: list[tuple[torch.Tensor, torch.Tensor, int | None]]) -> Any:
+    """The cache transformers' attention layers call: it writes each layer's keys and values at the step's positions
+    (mod R for a ring) into the wrapper's buffers and returns the whole buffer, which the mask selects from.
+    (transformers' own sliding-window layer decides by a Python counter, which a traced program cannot.)"""
+    from transformers.cache_utils import StaticCache
+
+    class PositionCache(StaticCache):  # type: ignore[misc]
+        targets: list[tuple[torch.Tensor, torch.Tensor, int | None]]
+        positions: torch.Tensor | None
+
+        def update(
+            self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, cache_kwargs: Any = None
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            keys, values, ring = self.targets[layer_idx]
+            assert self.positions is not None  # set by the wrapper's forward before the model runs
+            index = self.positions if ring is None else torch.remainder(self.positions, ring)
+            keys.index_copy_(2, index, key_states)
+            values.index_copy_(2, index, value_states)
+            return keys, values
+
+    cache = PositionCache(max_cache_len=context_length, config=config)
+    cache.targets = targets
+    cache.positions = None
+    return cache
+
+
+class WindowedCausalLM(torch.nn.Module):
+    """``model`` with sliding-window layers over full caches of S rows and ring caches of R rows (hf_static v2).
+
+    Buffers ``k{j}`` / ``v{j}`` (the j-th full layer) and ``kw{j}`` / ``vw{j}`` (the j-th sliding-window layer),
+    named as their state identities. ``forward(input_ids, positions, attention_mask [1, 1, T, S], window_mask
+    [1, 1, T, R])`` returns logits ``[1, T, V]``; the model gets each layer type its mask.
+    """
+
+    def __init__(self, model: Any, context_length: int, ring_rows: int, kinds: tuple[str, ...]) -> None:
+        super().__init__()
+        config = model.config.get_text_config()
+        self.model = model
+        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        targets: list[tuple[torch.Tensor, torch.Tensor, int | None]] = []
+        for layer, kind in enumerate(kinds):
+            ring = ring_rows if kind == "window" else None
+            index = kinds[:layer].count(kind)
+            names = (f"k{index}", f"v{index}") if ring is None else (f"kw{index}", f"vw{index}")
+            pair = [torch.zeros(1, heads, ring or context_length, head_dim, dtype=model.dtype) for _ in names]
+            for name, tensor in zip(names, pair):
+                self.register_buffer(name, tensor, persistent=False)
+            targets.append((pair[0], pair[1], ring))
+        self.cache = _position_cache(config, context_length, targets)
+        self.by_type = getattr(config, "layer_types", None) is not None
+        self.all_window = "full" not in kinds
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attention_mask: torch.Tensor, window_mask: torch.Tensor
+    ) -> torch.Tensor:
+        self.cache.positions = positions
+        mask: Any
+        if self.by_type:  # models with per-layer types take one mask per type
+            mask = {"full_attention": attention_mask, "sliding_attention": window_mask}
+        else:  # every layer is the same kind (Mistral's sliding window)
+            mask = window_mask if self.all_window else attention_mask
+        out = self.model(
+            input_ids=input_ids, attention_mask=mask, position_ids=positions.unsqueeze(0), past_key_values=self.cache, use_cache=True
         )
         return out.logits

@@ -19,7 +19,7 @@ import torch
 from etsdk import GenerationError
 
 from etsdk_hf_static.metadata import HfStaticMetadata
-from etsdk_hf_static.module import causal_mask
+from etsdk_hf_static.module import causal_mask, slot_mask
 
 __all__ = [
     "MethodInputs",
@@ -92,21 +92,36 @@ def full_chunks(position: int, tokens: Sequence[int], meta: HfStaticMetadata) ->
 
 
 class MethodInputs:
-    """Pre-allocated engine inputs of one method, filled in place before each call (one set per conversation)."""
+    """Pre-allocated engine inputs of one method, filled in place before each call (one set per conversation).
 
-    def __init__(self, rows: int, context: int) -> None:
+    ``ring``, ``window``: a version-2 program's ring rows R and window W; its methods take a second mask, for the
+    ring caches (:func:`~etsdk_hf_static.module.slot_mask`).
+    """
+
+    def __init__(self, rows: int, context: int, *, ring: int | None = None, window: int | None = None) -> None:
         self.rows = rows
         self.context = context
+        self.ring, self.window = ring, window
         self.ids = torch.zeros(1, rows, dtype=torch.long)
         self.positions = torch.zeros(rows, dtype=torch.long)
         self.mask = torch.zeros(1, 1, rows, context, dtype=torch.bool)
+        self.window_mask = None if ring is None else torch.zeros(1, 1, rows, ring, dtype=torch.bool)
         self._offsets = torch.arange(rows)
 
-    def fill(self, step: Step) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Tokens (zero-padded), positions ``start ..``, and the mask of :func:`causal_mask`."""
+    @classmethod
+    def for_method(cls, rows: int, meta: HfStaticMetadata) -> MethodInputs:
+        """The inputs of a method of ``rows`` rows of the program ``meta`` describes (version 1 or 2)."""
+        return cls(rows, meta.context_length, ring=meta.ring_rows, window=meta.window)
+
+    def fill(self, step: Step) -> tuple[torch.Tensor, ...]:
+        """Tokens (zero-padded), positions ``start ..``, the mask of :func:`causal_mask` (and the ring's)."""
         n = len(step.tokens)
         self.ids.zero_()
         self.ids[0, :n] = torch.tensor(step.tokens, dtype=torch.long)
         torch.add(self._offsets, step.start, out=self.positions)
         causal_mask(step.start, n, self.rows, self.context, out=self.mask)
-        return self.ids, self.positions, self.mask
+        if self.window_mask is None:
+            return self.ids, self.positions, self.mask
+        assert self.ring is not None and self.window is not None
+        slot_mask(step.start, n, self.rows, self.ring, self.window, out=self.window_mask)
+        return self.ids, self.positions, self.mask, self.window_mask

@@ -57,10 +57,12 @@ def check_program(record: Contract | None, infos: Mapping[str, MethodInfo]) -> H
     """Metadata, state and every method's engine I/O, before any step runs. ``infos``: method name -> info."""
     meta = read_metadata(record)
     assert record is not None  # read_metadata refuses a missing record
-    cache = ("float32", (1, meta.kv_heads, meta.context_length, meta.head_dim))
     expected_states: dict[str, tuple[str, tuple[int, ...]]] = {}
     for layer in range(meta.layers):
-        expected_states.update({f"k{layer}": cache, f"v{layer}": cache, f"c{layer}": ("int64", ())})
+        cache = ("float32", (1, meta.kv_heads, meta.cache_rows(layer), meta.head_dim))
+        expected_states.update(dict.fromkeys(meta.cache_names(layer), cache))
+        if meta.version == 1:
+            expected_states[f"c{layer}"] = ("int64", ())
     found_states = {s.name: (s.dtype, tuple(int(d) for d in s.shape)) for s in record.states}
     for name, (dtype, shape) in expected_states.items():
         if name not in found_states:

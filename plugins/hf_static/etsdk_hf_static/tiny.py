@@ -20,7 +20,7 @@ from typing import Any
 
 __all__ = ["ARCHITECTURES", "CHAT_TEMPLATE", "GGUF_TYPES", "char_tokenizer", "save_tiny_gguf", "save_tiny_model", "tiny_model", "write_llama_gguf"]
 
-ARCHITECTURES = ("llama", "qwen2", "mistral")
+ARCHITECTURES = ("llama", "qwen2", "mistral", "gemma3")
 SPECIALS = ("<unk>", "<bos>", "<eos>")
 #: one id per special and per distinct printable ASCII character: every id decodes to text
 VOCAB = len(SPECIALS) + len(dict.fromkeys(string.printable))
@@ -31,14 +31,23 @@ CHAT_TEMPLATE = (
 )
 
 
-def _config(architecture: str, *, vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, positions: int) -> Any:
+def _config(
+    architecture: str, *, vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, positions: int, window: int | None
+) -> Any:
     import transformers
 
-    classes = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "mistral": "MistralConfig"}
+    classes = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "mistral": "MistralConfig", "gemma3": "Gemma3TextConfig"}
     if architecture not in classes:
         raise ValueError(f"unknown tiny architecture {architecture!r} (known: {', '.join(ARCHITECTURES)})")
+    if window is not None and architecture not in ("mistral", "gemma3"):
+        raise ValueError(f"a sliding window needs architecture mistral or gemma3, not {architecture!r}")
     config_class = getattr(transformers, classes[architecture])
-    extra: dict[str, Any] = {"sliding_window": None} if architecture != "llama" else {}
+    extra: dict[str, Any] = {"sliding_window": window} if architecture != "llama" else {}
+    if architecture == "gemma3":  # Gemma 3's pattern: sliding-window layers with every third one full
+        extra.update(
+            sliding_window=window or 4096, head_dim=hidden // heads, pad_token_id=SPECIALS.index("<unk>"),
+            layer_types=["full_attention" if (i + 1) % 3 == 0 else "sliding_attention" for i in range(layers)],
+        )
     return config_class(
         vocab_size=vocab,
         hidden_size=hidden,
@@ -64,12 +73,19 @@ def tiny_model(
     kv_heads: int = 2,
     positions: int = 256,
     seed: int = 0,
+    window: int | None = None,
 ) -> Any:
-    """A random-weight ``*ForCausalLM`` (grouped-query attention by default) with well separated logits."""
+    """A random-weight ``*ForCausalLM`` (grouped-query attention by default) with well separated logits.
+
+    ``window``: a sliding window of that many positions (``mistral``: every layer; ``gemma3``: two layers in
+    three, every third full attention).
+    """
     import torch
     from transformers import AutoModelForCausalLM
 
-    config = _config(architecture, vocab=vocab, hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, positions=positions)
+    config = _config(
+        architecture, vocab=vocab, hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, positions=positions, window=window
+    )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     with torch.no_grad():

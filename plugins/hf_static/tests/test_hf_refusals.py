@@ -1,4 +1,4 @@
-"""Exports refused before any tracing: a model hf_static v1 cannot express (naming the layer and the feature), and
+"""Exports refused before any tracing: a model hf_static cannot express (naming the layer and the feature), and
 a disk that cannot hold the program; an export says what it will take before it starts."""
 
 from __future__ import annotations
@@ -19,28 +19,28 @@ def _model(config: object) -> object:
     return transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
 
 
-def _gemma3() -> object:
-    return transformers.Gemma3TextConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=16, sliding_window=8, layer_types=["sliding_attention", "full_attention"],
-        max_position_embeddings=64,
+def _llama4() -> object:
+    return transformers.Llama4TextConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, intermediate_size_mlp=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=64, attention_chunk_size=8,
     )
 
 
-def _mistral() -> object:
-    return transformers.MistralConfig(
+def _qwen3_next() -> object:
+    return transformers.Qwen3NextConfig(
         vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, sliding_window=8, max_position_embeddings=64,
+        num_key_value_heads=1, head_dim=16, max_position_embeddings=64, layer_types=["linear_attention", "full_attention"],
     )
 
 
 @pytest.mark.parametrize(("config", "expected"), [
-    (_gemma3, r"gemma3_text: layer 0 uses sliding-window attention \(a ring cache of 8 rows\) \(StaticSlidingWindowLayer\)"
-              r", and the hf_static v1 contract holds full-attention key / value caches only; its layer types: "
-              r"full_attention, sliding_attention"),
-    (_mistral, r"mistral: layer 0 uses sliding-window attention \(a ring cache of 8 rows\)"),
-], ids=["gemma3_text", "mistral"])
-def test_a_sliding_window_model_is_refused_naming_the_layer(config: object, expected: str, tmp_path: Path) -> None:
+    # chunked attention gets a sliding-window cache in transformers, but attends by blocks: never exported as a window
+    (_llama4, r"llama4_text: layer 0 uses chunked attention \(attention within fixed blocks of positions\) "
+              r"\(StaticSlidingWindowLayer\), and the hf_static contracts hold full-attention and sliding-window key / "
+              r"value caches only; its layer types: chunked_attention"),
+    (_qwen3_next, r"qwen3_next: layer 0 uses linear attention \(a recurrent state, not a key / value cache\)"),
+], ids=["llama4_text", "qwen3_next"])
+def test_a_model_hf_static_cannot_hold_is_refused_naming_the_layer(config: object, expected: str, tmp_path: Path) -> None:
     out = tmp_path / "model.pte"
     with pytest.raises(ExportError, match=expected):
         export(_model(config()), out, backend="EtsdkReferenceBackend", prefill_length=4, context_length=32, quiet=True)  # type: ignore[operator]

@@ -27,4 +27,10 @@ def etsdk_register_contracts() -> list[ContractSpec]:
             path=CONTRACTS_DIR / "hf_static" / "1.json",
             description="Hugging Face causal LM over a static cache: prefill (T) / decode (1), masks, counters",
         ),
+        ContractSpec(
+            name="hf_static",
+            version=2,
+            path=CONTRACTS_DIR / "hf_static" / "2.json",
+            description="hf_static with sliding-window layers: full caches of S rows and ring caches of R rows, two masks",
+        ),
     ]
