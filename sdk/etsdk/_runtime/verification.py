@@ -16,8 +16,8 @@ several times faster than SHA-256: see docs/integrity.md for figures):
   with those at load (a file truncated or rewritten in place is refused
   instead of faulting or computing with other weights).
 
-* every named-data entry (every weight) is read once and hashed, in parallel, before the runtime sees the
-  files: by the BLAKE3 digest the program record keeps for it (written at export beside the SHA-256 key,
+* every named-data entry (every weight) is read once and hashed, in parallel threads while the runtime parses
+  the program (which reads no weight), and ``load`` waits for them before it returns: by the BLAKE3 digest the program record keeps for it (written at export beside the SHA-256 key,
   when the ``blake3`` package is installed), else by the SHA-256 its content-addressed key records; a
   mismatch is an :class:`etsdk.IntegrityError` naming the entry and the file. ``load(verify=False)`` skips
   this (an explicit opt-out).
