@@ -260,3 +260,17 @@ def test_the_demo_keeps_its_files_in_a_documented_place_and_says_what_next(monke
     assert f"model directory: {pte.with_name('tiny-llama')}" in text and f"program:         {pte}" in text
     assert "etsdk's cache directory" in text and "random because the model's weights are" in text
     assert f"etsdk chat '{pte}'" in text and f"etsdk generate '{pte}' --prompt" in text  # quoted for the shell
+
+
+def test_start_up_says_loading_first_and_times_its_stages_on_request(chat_pte: Path) -> None:
+    """docs/cli.md's start-up paragraph: the loading line comes before anything else, and ETSDK_TIMING=1 prints
+    each start-up stage once, in order, with a wall clock that does not run backwards."""
+    result = _etsdk("generate", str(chat_pte), "--prompt", "Hi", "--max-new-tokens", "2", env={"ETSDK_TIMING": "1"})
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    assert lines[0] == f"etsdk: loading {chat_pte.name} ...", result.stderr
+    stages = [json.loads(line.removeprefix("etsdk-timing: ")) for line in lines if line.startswith("etsdk-timing: ")]
+    assert [s["stage"] for s in stages] == ["start", "program", "tokenizer", "methods", "prompt", "first_token"]
+    assert all(a["t"] <= b["t"] for a, b in zip(stages, stages[1:]))
+    quiet = _etsdk("generate", str(chat_pte), "--prompt", "Hi", "--max-new-tokens", "2", env={"ETSDK_TIMING": "0"})
+    assert quiet.returncode == 0 and "etsdk-timing" not in quiet.stderr
