@@ -118,7 +118,7 @@ def _data_doc(module: Any, name: str, seen: frozenset[str] = frozenset()) -> str
     doc = _comment_docs(source).get(name)
     if doc or module.__name__ in seen:
         return doc
-    match = re.search(rf"^from ([\w.]+) import (?:\([^)]*\b{re.escape(name)}\b[^)]*\)|[^\n]*\b{re.escape(name)}\b)", source, flags=re.M)
+    match = re.search(rf"^\s*from ([\w.]+) import (?:\([^)]*\b{re.escape(name)}\b[^)]*\)|[^\n]*\b{re.escape(name)}\b)", source, flags=re.M)
     if match is None:
         return None
     return _data_doc(importlib.import_module(match.group(1)), name, seen | {module.__name__})

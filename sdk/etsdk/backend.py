@@ -39,6 +39,10 @@ its weight's :class:`WeightFormat`; :func:`quantized_call` reads it from a node,
 a backend declares the formats it runs (``BackendSpec.weight_formats``) and
 derives the planes it needs at load with :func:`weight_planes`.
 
+Attention over the filled rows: ``etsdk::attention`` (:data:`ATTENTION`) is SDPA under a boolean mask that reads
+only the key / value rows some query sees (:func:`filled_rows`); a backend that claims it declares
+``Capability.FILLED_ATTENTION``.
+
 Importing this module is cheap; :class:`OperatorPartitioner`, :func:`aten_name`
 and the quantized-weight helpers import torch (and executorch) on first use.
 """
@@ -58,10 +62,12 @@ from etsdk._state.signature import ArgSpec, DelegateSignature, StateBinding
 
 if TYPE_CHECKING:
     from etsdk._export.operator_partitioner import OperatorPartitioner, aten_name
+    from etsdk._ops.attention import ATTENTION, attention_rows_read, calls_attention, filled_rows
     from etsdk._quant.ops import QuantizedCall, call_arguments, quantized_call
     from etsdk._quant.planes import Planes, dequantize, weight_planes
 
 __all__ = [
+    "ATTENTION",
     "ArgSpec",
     "Availability",
     "BackendSpec",
@@ -86,11 +92,14 @@ __all__ = [
     "WeightLayout",
     "WeightUse",
     "aten_name",
+    "attention_rows_read",
     "build_native_library",
     "call_arguments",
+    "calls_attention",
     "cache_dir",
     "dequantize",
     "dtype_name",
+    "filled_rows",
     "quantized_call",
     "readonly_tensor",
     "torch_dtype",
@@ -98,6 +107,10 @@ __all__ = [
 ]
 
 _LAZY = {
+    "ATTENTION": "etsdk._ops.attention",
+    "attention_rows_read": "etsdk._ops.attention",
+    "calls_attention": "etsdk._ops.attention",
+    "filled_rows": "etsdk._ops.attention",
     "OperatorPartitioner": "etsdk._export.operator_partitioner",
     "aten_name": "etsdk._export.operator_partitioner",
     "QuantizedCall": "etsdk._quant.ops",

@@ -61,9 +61,11 @@ BLOB_FEATURE = "aoti.container.v1"
 STATE_INPUTS_FEATURE = "aoti.state_inputs.v1"
 #: the library calls etsdk-aoti's quantized kernels (``aoti_torch_cpu_etsdk_qmm``, etsdk_aoti.kernels)
 KERNELS_FEATURE = "aoti.kernels.qmm.v1"
+#: the library calls etsdk-aoti's attention kernel (``aoti_torch_cpu_etsdk_attention``, etsdk_aoti.attention)
+ATTENTION_FEATURE = "aoti.kernels.attention.v1"
 #: constants read from their own named-data entries or derived at load (sources "entry" / "derived")
 NAMED_CONSTANTS_FEATURE = "aoti.named_constants.v1"
-KNOWN_FEATURES = frozenset({BLOB_FEATURE, STATE_INPUTS_FEATURE, NAMED_CONSTANTS_FEATURE, KERNELS_FEATURE})
+KNOWN_FEATURES = frozenset({BLOB_FEATURE, STATE_INPUTS_FEATURE, NAMED_CONSTANTS_FEATURE, KERNELS_FEATURE, ATTENTION_FEATURE})
 
 PRODUCER = "etsdk-aoti"
 CONFIG_SECTION = "config"
@@ -153,6 +155,8 @@ class AotiBlob:
 
     #: the library calls etsdk-aoti's quantized kernels (feature ``aoti.kernels.qmm.v1``)
     calls_kernels: bool = False
+    #: the library calls etsdk-aoti's attention kernel (feature ``aoti.kernels.attention.v1``)
+    calls_attention: bool = False
 
     def required_features(self) -> list[str]:
         features = [BLOB_FEATURE]
@@ -162,6 +166,8 @@ class AotiBlob:
             features.append(NAMED_CONSTANTS_FEATURE)
         if self.calls_kernels:
             features.append(KERNELS_FEATURE)
+        if self.calls_attention:
+            features.append(ATTENTION_FEATURE)
         return features
 
     @property
@@ -273,7 +279,8 @@ def decode(payload: memoryview | bytes, *, state_bindings: int | None = None) ->
             f"etsdk-aoti: the compiled library's SHA-256 is {digest[:16]}..., the blob records "
             f"{config.library_sha256[:16]}...; refusing to load a damaged library"
         )
-    return AotiBlob(config, constants, library, calls_kernels=KERNELS_FEATURE in reader.required_features)
+    features = reader.required_features
+    return AotiBlob(config, constants, library, calls_kernels=KERNELS_FEATURE in features, calls_attention=ATTENTION_FEATURE in features)
 
 
 def _json(reader: BlobReader, name: str) -> Any:

@@ -49,7 +49,9 @@ def etsdk_register_backends() -> list[BackendSpec]:
             partitioner=_partitioner,
             preprocess=_preprocess,
             runtime=_runtime,
-            capabilities=frozenset({Capability.CPU, Capability.CUDA, Capability.CALLER_OWNED_STATE, Capability.NAMED_DATA}),
+            capabilities=frozenset(
+                {Capability.CPU, Capability.CUDA, Capability.CALLER_OWNED_STATE, Capability.NAMED_DATA, Capability.FILLED_ATTENTION}
+            ),
             probe=_probe,
             description="AOTInductor-compiled partitions run through the model-container C API (cpu or cuda)",
             # quantized linears run on etsdk-aoti's kernels, embeddings in generated code: every format (CPU only)

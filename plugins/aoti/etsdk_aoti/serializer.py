@@ -41,6 +41,7 @@ from etsdk import ExportError
 from etsdk.backend import DelegateSignature, Partition, StateBinding, aten_name, dtype_name
 
 from etsdk_aoti import blob_format, kernels, weights
+from etsdk_aoti.attention import kernel_attention, rewrite_attention
 from etsdk_aoti.blob_format import AotiBlob, Config, Constant, Derivation, Source, TensorView
 from etsdk_aoti.library import ConstantKind, Library
 from etsdk_aoti.partitioner import DEVICE_SPEC, KERNEL_THREADS_SPEC
@@ -257,6 +258,10 @@ class Compiled:
     def calls_kernels(self) -> bool:
         return any(node.target is _qmm_linear for node in self.module.graph.nodes if node.op == "call_function")
 
+    @property
+    def calls_attention(self) -> bool:
+        return any(node.target is kernel_attention for node in self.module.graph.nodes if node.op == "call_function")
+
 
 def compile_partition(
     edge_program: Any,
@@ -283,12 +288,19 @@ def compile_partition(
     example = tuple(values[n.name] for n in program.graph.nodes if n.op == "placeholder" and n.name in user_inputs)
     module = program.module()
     derived = rewrite_quantized(module)
+    rewrite_attention(module, device)
     if states:
         example += tuple(values[binding.placeholder] for binding in states)
         module = state_as_inputs(module, states)
     options: dict[str, Any] = dict(INDUCTOR_OPTIONS, **{"aot_inductor.output_path": str(workdir), "cpp.threads": kernel_threads})
-    if any(node.target is _qmm_linear for node in module.graph.nodes if node.op == "call_function"):
-        options["aot_inductor.custom_ops_to_c_shims"] = {kernels.QMM: [kernels.C_SHIM]}
+    shims = {}
+    targets = {node.target for node in module.graph.nodes if node.op == "call_function"}
+    if _qmm_linear in targets:
+        shims[kernels.QMM] = [kernels.C_SHIM]
+    if kernel_attention in targets:
+        shims[kernels.KERNEL_ATTENTION] = [kernels.ATTENTION_C_SHIM]
+    if shims:
+        options["aot_inductor.custom_ops_to_c_shims"] = shims
         kernels.load()  # the compiled library calls into it: loaded before the library is (to read its constants)
     with torch.no_grad():
         outputs = torch._inductor.aot_compile(module, example, options=options)
@@ -393,7 +405,9 @@ def preprocess(partition: Partition) -> bytes:
             # the library's inputs after the engine inputs: every state binding, in order
             state_inputs=tuple(range(len(signature.states))),
         )
-        blob = AotiBlob(config, constants, compiled.library, calls_kernels=compiled.calls_kernels)
+        blob = AotiBlob(
+            config, constants, compiled.library, calls_kernels=compiled.calls_kernels, calls_attention=compiled.calls_attention
+        )
         return blob_format.encode(blob)  # the library file is deleted below
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

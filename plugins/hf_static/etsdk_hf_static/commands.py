@@ -62,6 +62,12 @@ def configure_export(export: argparse.ArgumentParser) -> None:
         "(default: the model's max_position_embeddings, at most 2048)",
     )
     export.add_argument("--external-data", action="store_true", help="weights in a .ptd beside the .pte")
+    export.add_argument(
+        "--attention", choices=("auto", "filled", "full"), default="auto",
+        help="filled: attention reads only the cache rows in use, so decode cost follows the conversation, not S "
+        "(needs backends that claim etsdk::attention: aoti, reference); full: every row, masked; "
+        "auto (default): filled where every backend claims it",
+    )
     quantize = export.add_argument_group("quantized weights (default: the model's own weights)")
     quantize.add_argument(
         "--quantize", default=None, metavar="FORMAT",
@@ -139,6 +145,7 @@ def run_export(args: argparse.Namespace) -> int:
         partitioner_options=backend_options(args.backend_option),
         quantization=quantization,
         allow_requantize=args.allow_requantize,
+        options={"attention": args.attention},
     )
     for path in spec.exporter(request):
         print(path)

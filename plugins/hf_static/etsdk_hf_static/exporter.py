@@ -31,6 +31,7 @@ from etsdk import (
     format_bytes,
 )
 
+from etsdk_hf_static.attention import filled_attention, wanted
 from etsdk_hf_static.metadata import CONTRACT_NAME, METADATA_FORMAT_V2, HfStaticMetadata, ring_rows
 from etsdk_hf_static.module import StaticCausalLM, WindowedCausalLM, causal_mask, layer_kinds, slot_mask, state_fqns
 
@@ -200,6 +201,7 @@ def export(
     partitioner_options: Mapping[str, Mapping[str, Any]] | None = None,
     quantization: QuantizationPlan | None = None,
     allow_requantize: bool = False,
+    attention: str = "auto",
     quiet: bool = False,
 ) -> list[Path]:
     """Export ``model`` (a transformers model directory or a ``*ForCausalLM`` object) to ``output``.
@@ -215,6 +217,9 @@ def export(
     ``model`` may be a GGUF file: its Q8_0 / Q4_0 / Q4_1 blocks are kept as they
     are and its tokenizer saved (:mod:`etsdk_hf_static.gguf_import`);
     ``allow_requantize`` dequantizes its other tensor types instead of refusing.
+    ``attention``: ``"filled"`` makes attention read only the cache rows in use
+    (``etsdk::attention``, :mod:`etsdk_hf_static.attention`), ``"full"`` every row
+    (masked), ``"auto"`` filled when every chosen backend claims it.
     Returns the paths written.
     """
     import torch
@@ -225,6 +230,7 @@ def export(
         "prefill": etsdk.resolve_backend_id(prefill_backend or backend),
         "decode": etsdk.resolve_backend_id(decode_backend or backend),
     }
+    filled = wanted(attention, list(chosen.values()))
     loaded, directory, gguf_tokenizer = _load_model(model, quiet, allow_requantize)
     if quantization is not None:
         _quantize(loaded, quantization, quiet)
@@ -236,11 +242,12 @@ def export(
     _say(
         f"{meta.architecture or type(loaded).__name__}: {meta.layers} layers{_windows(meta)}, vocab {meta.vocab_size}, "
         f"T={meta.prefill_length}, S={meta.context_length}{f' ({why})' if why else ''}; "
-        f"prefill -> {chosen['prefill']}, decode -> {chosen['decode']}",
+        f"prefill -> {chosen['prefill']}, decode -> {chosen['decode']}; attention over "
+        f"{'the filled rows' if filled else 'every row'}",
         quiet,
     )
     _plan(loaded, output, quiet)
-    with torch.no_grad():
+    with torch.no_grad(), filled_attention(loaded, filled):
         sources = method_sources(loaded, meta, chosen, options)
         lowered = etsdk.lower(
             sources, contract=_contract(meta), external_data=output.stem if external_data else None, quiet=quiet
@@ -339,6 +346,9 @@ def export_request(request: ExportRequest) -> list[Path]:
     unknown = sorted(set(request.method_backends) - set(METHODS))
     if unknown:
         raise ExportError(f"hf_static has methods {', '.join(METHODS)}; no method {', '.join(unknown)}")
+    unknown_options = sorted(set(request.options) - {"attention"})
+    if unknown_options:
+        raise ExportError(f"hf_static's exporter takes the option attention, not {', '.join(unknown_options)}")
     unknown_sizes = sorted(set(request.sizes) - {"T", "S"})
     if unknown_sizes:
         raise ExportError(f"hf_static takes sizes T (prefill length) and S (context length), not {', '.join(unknown_sizes)}")
@@ -355,4 +365,5 @@ def export_request(request: ExportRequest) -> list[Path]:
         partitioner_options=request.partitioner_options,
         quantization=request.quantization,
         allow_requantize=request.allow_requantize,
+        attention=str(request.options.get("attention", "auto")),
     )

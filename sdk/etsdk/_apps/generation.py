@@ -172,6 +172,8 @@ class ExportRequest:
     ``quantization``: which layers to quantize to which weight format (None: keep the model's weights).
     ``allow_requantize``: a source stored in formats the exporter cannot keep as they are (a GGUF file's
     Q6_K, say) is dequantized instead of refused.
+    ``options``: the contract exporter's own choices, by name (hf_static: ``attention``); an exporter refuses a
+    name it does not know.
     """
 
     model: object
@@ -185,6 +187,7 @@ class ExportRequest:
     partitioner_options: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
     quantization: QuantizationPlan | None = None
     allow_requantize: bool = False
+    options: Mapping[str, object] = field(default_factory=dict)
 
 
 @runtime_checkable

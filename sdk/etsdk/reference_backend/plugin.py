@@ -45,7 +45,7 @@ def etsdk_register_backends() -> list[BackendSpec]:
             partitioner=_partitioner,
             preprocess=_preprocess,
             runtime=_runtime,
-            capabilities=frozenset({Capability.CPU, Capability.NAMED_DATA, Capability.CALLER_OWNED_STATE}),
+            capabilities=frozenset({Capability.CPU, Capability.NAMED_DATA, Capability.CALLER_OWNED_STATE, Capability.FILLED_ATTENTION}),
             description="computes its partitions with plain torch ops (reference and example)",
             # the quantized operators' own reference math (dequantize, then compute): every format
             weight_formats=tuple(f.name for f in WeightFormat.every()),

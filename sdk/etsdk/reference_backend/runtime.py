@@ -36,7 +36,7 @@ def _resolve_op(name: str) -> Callable[..., Any]:
     if namespace == "dim_order_ops":
         import executorch.exir.passes.dim_order_ops_registry  # noqa: F401  (registers the ops with torch)
     if namespace == "etsdk":
-        from etsdk.backend import quantized_call  # noqa: F401  (registers etsdk::linear_q, etsdk::embedding_q)
+        from etsdk.backend import ATTENTION, quantized_call  # noqa: F401  (registers etsdk::linear_q, embedding_q, attention)
     try:
         packet = getattr(getattr(torch.ops, namespace), packet_name)
         return getattr(packet, overload or "default")

@@ -1,4 +1,9 @@
-"""etsdk-aoti's quantized-weight kernels: the ``etsdk_aoti::etsdk_qmm`` operator and its native code.
+"""etsdk-aoti's native kernels: ``etsdk_aoti::etsdk_qmm`` (quantized weights) and ``etsdk_aoti::etsdk_attention``.
+
+``etsdk_attention`` (``attention.cpp``) stands for the core's ``etsdk::attention``: SDPA under a boolean mask
+that reads only the key / value rows some query sees, so an LLM's decode step costs what its conversation
+holds, not the cache's capacity. Its eager implementation is the core's reference.
+
 
 The serializer rewrites every ``etsdk::linear_q`` of a partition into
 ``etsdk_aoti::etsdk_qmm`` on the weight's planes; AOTInductor then calls the C
@@ -31,7 +36,17 @@ import torch
 
 from etsdk_aoti.blob_format import KERNELS_FEATURE
 
-__all__ = ["C_SHIM", "KERNELS_FEATURE", "QMM", "load", "qmm"]
+__all__ = [
+    "ATTENTION_C_SHIM",
+    "C_SHIM",
+    "KERNELS_FEATURE",
+    "KERNEL_ATTENTION",
+    "QMM",
+    "attention",
+    "attention_rows_read",
+    "load",
+    "qmm",
+]
 
 #: The C declaration AOTInductor emits for the operator (``aot_inductor.custom_ops_to_c_shims``).
 C_SHIM = (
@@ -39,7 +54,14 @@ C_SHIM = (
     "AtenTensorHandle* mins, AtenTensorHandle* bias, int64_t bits, int64_t group, AtenTensorHandle* ret0)"
 )
 
+#: The C declaration AOTInductor emits for ``etsdk_aoti::etsdk_attention``.
+ATTENTION_C_SHIM = (
+    "AOTITorchError aoti_torch_cpu_etsdk_attention(AtenTensorHandle query, AtenTensorHandle key, "
+    "AtenTensorHandle value, AtenTensorHandle mask, double scale, AtenTensorHandle* ret0)"
+)
+
 _SOURCE = Path(__file__).with_name("qmm.cpp")
+_SOURCES = [_SOURCE, Path(__file__).with_name("attention.cpp")]
 _lock = threading.Lock()
 _loaded: ctypes.CDLL | None = None
 _path: Path | None = None
@@ -80,6 +102,30 @@ def _(x: torch.Tensor, qdata: torch.Tensor, scales: torch.Tensor, mins: object, 
 QMM = torch.ops.etsdk_aoti.etsdk_qmm.default
 
 
+@torch.library.custom_op("etsdk_aoti::etsdk_attention", mutates_args=())
+def etsdk_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    from etsdk.backend import ATTENTION
+
+    return ATTENTION(query, key, value, mask, scale)  # type: ignore[no-any-return]
+
+
+@etsdk_attention.register_fake
+def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    return query.new_empty((*query.shape[:-1], value.shape[-1]))
+
+
+KERNEL_ATTENTION = torch.ops.etsdk_aoti.etsdk_attention.default
+
+
+def attention_rows_read() -> int:
+    """Key / value rows the native attention kernel has read in this process (the sum of ``n`` over its calls)."""
+    load()
+    assert _loaded is not None
+    function = _loaded.etsdk_attention_rows_read
+    function.restype = ctypes.c_int64
+    return int(function())
+
+
 def _flags() -> list[str]:
     torch_dir = Path(torch.__file__).parent
     lib = torch_dir / "lib"
@@ -102,7 +148,7 @@ def load() -> Path:
 
     with _lock:
         if _path is None:  # once per process: the build checks the cache by hashing the source
-            _path = build_native_library("etsdk_aoti_kernels", [_SOURCE], _flags())
+            _path = build_native_library("etsdk_aoti_kernels", _SOURCES, _flags())
             _loaded = ctypes.CDLL(str(_path), mode=ctypes.RTLD_GLOBAL)
         return _path
 
@@ -146,5 +192,28 @@ def qmm(
         free_handles(handles)
     if code != 0:
         raise ValueError(f"{path.name} refused the tensors (x {list(x.shape)} {x.dtype}, qdata {list(qdata.shape)} {qdata.dtype}, bits {bits}, group {group})")
+    result: torch.Tensor = torch._C._aoti.alloc_tensors_by_stealing_from_void_ptrs([_new_capsule(out.value, None, None)])[0]
+    return result
+
+
+def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """Call the native attention kernel directly (tests and benchmarks); ``ValueError`` when it refuses the tensors
+    (dtype, rank, sizes or layout)."""
+    from etsdk_aoti.library import _new_capsule, free_handles, tensor_handles
+
+    path = load()
+    assert _loaded is not None
+    pointer = ctypes.c_void_p
+    function = _loaded.aoti_torch_cpu_etsdk_attention
+    function.argtypes = [pointer, pointer, pointer, pointer, ctypes.c_double, ctypes.POINTER(pointer)]
+    handles = tensor_handles([query, key, value, mask])
+    try:
+        out = pointer()
+        code = function(handles[0], handles[1], handles[2], handles[3], scale, ctypes.byref(out))
+    finally:
+        free_handles(handles)
+    if code != 0:
+        shapes = ", ".join(f"{list(t.shape)} {t.dtype}" for t in (query, key, value, mask))
+        raise ValueError(f"{path.name} refused the tensors ({shapes})")
     result: torch.Tensor = torch._C._aoti.alloc_tensors_by_stealing_from_void_ptrs([_new_capsule(out.value, None, None)])[0]
     return result

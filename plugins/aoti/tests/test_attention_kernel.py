@@ -1,0 +1,59 @@
+"""etsdk-aoti's native attention kernel against SDPA: grouped heads, several query rows, padded masks, the rows it
+reads, and refusals of tensors it cannot take."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from etsdk.backend import filled_rows
+from etsdk_aoti import kernels
+
+
+def _case(hq: int, h: int, rows: int, s: int, visible: list[int], seed: int = 0) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, hq, rows, 16, generator=g)
+    k = torch.randn(1, h, s, 16, generator=g)
+    v = torch.randn(1, h, s, 16, generator=g)
+    mask = torch.zeros(1, 1, rows, s, dtype=torch.bool)
+    for i, last in enumerate(visible):
+        mask[0, 0, i, : last + 1] = True
+    return q, k, v, mask
+
+
+@pytest.mark.parametrize(("hq", "h", "visible"), [
+    (4, 2, [0]),  # decode at position 0
+    (9, 3, [37]),  # SmolLM2's grouping, decode at position 37
+    (4, 4, [5, 6, 7, 7, 7]),  # a padded prefill chunk: padded rows see what the last real row sees
+])
+def test_the_kernel_computes_sdpa_and_reads_only_the_filled_rows(hq: int, h: int, visible: list[int]) -> None:
+    q, k, v, mask = _case(hq, h, len(visible), 64, visible)
+    k[:, :, max(visible) + 1 :] = float("nan")  # rows past the filled ones: reading them would poison the result
+    v[:, :, max(visible) + 1 :] = float("nan")
+    before = kernels.attention_rows_read()
+    out = kernels.attention(q, k, v, mask, 0.25)
+    assert kernels.attention_rows_read() - before == filled_rows(mask) == max(visible) + 1
+    n = max(visible) + 1
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q, k[:, :, :n], v[:, :, :n], attn_mask=mask[..., :n], scale=0.25, enable_gqa=hq != h
+    )
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_ring_mask_with_gaps_is_honoured() -> None:
+    q, k, v, mask = _case(2, 1, 1, 13, [0])
+    mask[0, 0, 0] = torch.tensor([i in (0, 1, 2, 9, 10, 11, 12) for i in range(13)])  # wrapped ring slots
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.5, enable_gqa=True)
+    torch.testing.assert_close(kernels.attention(q, k, v, mask, 0.5), want, rtol=1e-5, atol=1e-5)
+
+
+def test_tensors_the_kernel_cannot_take_are_refused() -> None:
+    q, k, v, mask = _case(4, 2, 1, 8, [3])
+    for bad in [
+        (q.double(), k, v, mask),  # dtype
+        (q, k, v, mask.float()),  # mask dtype
+        (q, k[:, :, :4], v, mask),  # key rows differ from value rows
+        (q[:, :3], k, v, mask),  # query heads not a multiple of key heads
+        (q.transpose(2, 3), k, v, mask),  # not contiguous
+    ]:
+        with pytest.raises(ValueError, match="refused the tensors"):
+            kernels.attention(*bad, 1.0)

@@ -1,0 +1,82 @@
+"""Attention that follows the filled rows: at S=2048 a 16-token conversation reads the rows it holds, not 2048.
+
+``etsdk export`` (``attention="auto"``) makes every attention layer call ``etsdk::attention`` when the chosen
+backends claim it (etsdk-aoti's native kernel, the reference backend's reference): each call reads rows
+``0 .. n-1`` only, ``n`` one past the last row its mask shows. The rows read are counted (the reference's and
+the kernel's counters) against the conversation's own arithmetic, and the tokens equal full-length mode's
+(``attention="full"``: SDPA over every row) and transformers'.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import MARGIN, hf_generate, prompt_of
+from etsdk import ExportError
+from etsdk.backend import attention_rows_read
+from etsdk_hf_static.attention import wanted
+from etsdk_hf_static.exporter import export
+from etsdk_hf_static.planning import plan_prompt
+from etsdk_hf_static.runner import HfStaticRunner
+from etsdk_hf_static.tiny import tiny_model
+
+LONG_S, T, PROMPT, NEW = 2048, 8, 10, 6
+
+
+@pytest.fixture(scope="module")
+def long_model() -> Any:
+    return tiny_model("llama", seed=4, positions=LONG_S)
+
+
+def _export(model: Any, path: Path, backend: str, attention: str) -> HfStaticRunner:
+    export(model, path, backend=backend, prefill_length=T, context_length=LONG_S, attention=attention,
+           partitioner_options={"EtsdkAotiBackend": {"device": "cpu"}}, quiet=True)
+    return HfStaticRunner.from_file(path)
+
+
+def _rows_expected(runner: HfStaticRunner, prompt: list[int], new: int) -> int:
+    """Rows a conversation reads: per layer and call, one past its last real row's position."""
+    steps = plan_prompt(0, prompt, runner.metadata)
+    per_layer = sum(step.start + len(step.tokens) for step in steps)
+    per_layer += sum(len(prompt) + i + 1 for i in range(new - 1))  # decode of generated tokens 1 .. new-1
+    return per_layer * runner.metadata.layers
+
+
+@pytest.mark.parametrize("backend", ["reference", "aoti"])
+def test_decode_reads_the_rows_in_use_and_equals_full_length_mode(backend: str, long_model: Any, tmp_path: Path) -> None:
+    prompt = prompt_of(PROMPT, seed=9)
+    expected, margin = hf_generate(long_model, prompt, NEW)
+    assert margin > MARGIN, f"eager top-2 margin {margin:.2e} too small for a token comparison"
+
+    filled = _export(long_model, tmp_path / "filled.pte", backend, "auto")
+    if backend == "aoti":
+        from etsdk_aoti import kernels
+
+        counter = kernels.attention_rows_read
+    else:
+        counter = attention_rows_read
+    before = counter()
+    got = filled.generate(prompt, max_new_tokens=NEW, stop_at_eos=False).token_ids
+    read = counter() - before
+    assert read == _rows_expected(filled, prompt, NEW)
+    assert read < 40 * filled.metadata.layers * 8  # 16 positions in a cache of 2048 rows: far from 2048 per call
+    assert list(got) == expected
+
+    full = _export(long_model, tmp_path / "full.pte", "reference", "full")
+    before = attention_rows_read()
+    assert full.generate(prompt, max_new_tokens=NEW, stop_at_eos=False).token_ids == got
+    assert attention_rows_read() == before  # full-length mode: SDPA over all S rows, no etsdk::attention
+
+
+def test_filled_attention_needs_backends_that_claim_it() -> None:
+    assert wanted("auto", ["EtsdkAotiBackend", "EtsdkReferenceBackend"])
+    assert not wanted("full", ["EtsdkAotiBackend"])
+    with pytest.raises(ExportError, match=r"attention must be one of auto, filled, full, found 'some'"):
+        wanted("some", ["EtsdkAotiBackend"])
+    pytest.importorskip("etsdk_tensorrt")
+    assert not wanted("auto", ["EtsdkAotiBackend", "EtsdkTensorRTBackend"])  # TensorRT: full-length mode
+    with pytest.raises(ExportError, match=r"attention='filled' needs every backend to claim etsdk::attention; "
+                       r"EtsdkTensorRTBackend does not declare filled_attention"):
+        wanted("filled", ["EtsdkTensorRTBackend", "EtsdkAotiBackend"])

@@ -1,0 +1,1 @@
+"""Operators the core defines for programs to call and backends to claim (``etsdk::attention``)."""
