@@ -53,7 +53,17 @@ def test_tensors_the_kernel_cannot_take_are_refused() -> None:
         (q, k, v, mask.float()),  # mask dtype
         (q, k[:, :, :4], v, mask),  # key rows differ from value rows
         (q[:, :3], k, v, mask),  # query heads not a multiple of key heads
-        (q.transpose(2, 3), k, v, mask),  # not contiguous
+        (q, torch.randn(1, 8, 2, 16).transpose(1, 2), v, mask),  # key [1, 2, 8, 16], not contiguous
     ]:
         with pytest.raises(ValueError, match="refused the tensors"):
             kernels.attention(*bad, 1.0)
+
+
+def test_the_operator_refuses_operands_its_schema_does_not_take() -> None:
+    from etsdk.backend import ATTENTION
+
+    q, k, v, mask = _case(4, 2, 1, 8, [3])
+    with pytest.raises(ValueError, match=r"etsdk::attention expects a bool mask, found torch.float32"):
+        ATTENTION(q, k, v, mask.float(), 1.0)
+    with pytest.raises(ValueError, match=r"query heads a multiple of key heads, found 3 and 2"):
+        ATTENTION(q[:, :3], k, v, mask, 1.0)

@@ -4,9 +4,9 @@ hf_static's masks are boolean and bound every query to the rows written so far, 
 the last visible column reads what the conversation holds, not the cache's capacity: decode at S=8192 costs
 what it costs at S=256 while the conversation is short. :func:`filled_attention` makes the layers of one model
 call ``etsdk::attention`` (SDPA's meaning, :mod:`etsdk.backend`) while it is traced, when every backend of the
-program claims that operator (``Capability.FILLED_ATTENTION``); otherwise, or with ``attention="full"``, they
-keep SDPA over every row (full-length mode). A layer with an attention feature the operator does not have
-(logit soft-capping, attention sinks) keeps SDPA.
+program claims that operator (``Capability.FILLED_ATTENTION``) and the model's attention has no feature the
+operator lacks (logit soft-capping, attention sinks: :func:`unsupported_attention`); otherwise, or with
+``attention="full"``, the model keeps its own attention implementation over every row (full-length mode).
 """
 
 from __future__ import annotations
@@ -18,29 +18,46 @@ from typing import Any
 import torch
 from etsdk import Capability, ExportError, get_backend
 
-__all__ = ["ATTENTION_MODES", "IMPLEMENTATION", "filled_attention", "wanted"]
+__all__ = ["ATTENTION_MODES", "IMPLEMENTATION", "filled_attention", "unsupported_attention", "wanted"]
 
 ATTENTION_MODES = ("auto", "filled", "full")
 #: the name the attention function is registered under with transformers
 IMPLEMENTATION = "etsdk_filled"
 
 
-def _forward(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any, **kwargs: Any) -> tuple[torch.Tensor, None]:
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+def unsupported_attention(model: Any) -> str | None:
+    """Why ``model``'s attention cannot be ``etsdk::attention`` (a feature it lacks), or None when it can."""
+    config = model.config.get_text_config()
+    if getattr(config, "attn_logit_softcapping", None) is not None:
+        return f"its attention soft-caps logits (attn_logit_softcapping={config.attn_logit_softcapping})"
+    if any(hasattr(module, "sinks") for module in model.modules()):
+        return "its attention has sinks"
+    return None
 
-    unsupported = kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None or kwargs.get("dropout", 0.0)
+
+def _forward(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    unsupported = [k for k in ("softcap", "s_aux", "sinks") if kwargs.get(k) is not None] + (["dropout"] if kwargs.get("dropout") else [])
     if unsupported or not isinstance(attention_mask, torch.Tensor) or attention_mask.dtype != torch.bool:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+        # unsupported_attention() should have kept this model on its own attention: never compute something else
+        found = ", ".join(unsupported) or f"a mask of {type(attention_mask).__name__} {getattr(attention_mask, 'dtype', '')}"
+        raise ExportError(
+            f"{type(module).__name__}: etsdk::attention takes a boolean mask and no {found}; export with attention='full'"
+        )
     scale = kwargs.get("scaling")
     out = torch.ops.etsdk.attention(query, key, value, attention_mask, float(scale if scale is not None else query.shape[-1] ** -0.5))
     return out.transpose(1, 2).contiguous(), None
 
 
-def wanted(mode: str, backends: Sequence[str]) -> bool:
-    """Whether an export with ``mode`` over ``backends`` (ids) bounds attention by its mask."""
+def wanted(mode: str, backends: Sequence[str], model: Any = None) -> bool:
+    """Whether an export with ``mode`` over ``backends`` (ids) of ``model`` bounds attention by its mask."""
     if mode not in ATTENTION_MODES:
         raise ExportError(f"attention must be one of {', '.join(ATTENTION_MODES)}, found {mode!r}")
     if mode == "full":
+        return False
+    why = unsupported_attention(model) if model is not None else None
+    if why is not None:
+        if mode == "filled":
+            raise ExportError(f"attention='filled': {type(model).__name__} cannot use etsdk::attention: {why} (use 'full' or 'auto')")
         return False
     lacking = sorted({b for b in backends if Capability.FILLED_ATTENTION not in get_backend(b).capabilities})
     if mode == "filled" and lacking:

@@ -79,6 +79,9 @@ class Conversation:
         self._tokens: list[int] = []  # rows 0 .. position-1 written, then the pending tokens
         self._position = 0
         self._gap: int | None = None  # a low-level step left rows before it unwritten: history unknown
+        # one past the highest position any call wrote since the rows were last all written afresh (padded
+        # prefill rows and rows later rewound included): what a ring cache may have overwritten
+        self._written_end = 0
 
     # ------------------------------------------------------------------ what it holds
 
@@ -104,6 +107,7 @@ class Conversation:
         self._tokens = []
         self._position = 0
         self._gap = None
+        self._written_end = 0
 
     def encode(self, text: str) -> list[int]:
         """``text`` as token ids, starting with BOS when the conversation is empty (needs the tokenizer)."""
@@ -136,6 +140,7 @@ class Conversation:
         for counter in self._counters:
             counter.fill_(step.start)
         outputs = self._runner._methods[step.method].execute(inputs.fill(step), session=self.session)
+        self._written_end = step.start + inputs.rows if step.start == 0 else max(self._written_end, step.start + inputs.rows)
         self._wrote(step.start, step.tokens)
         return outputs[-1][0, count - 1]
 
@@ -279,6 +284,7 @@ class Conversation:
         twin._tokens = list(self._tokens)
         twin._position = self._position
         twin._gap = self._gap
+        twin._written_end = self._written_end
         return twin
 
     def rewind(self, count: int) -> None:
@@ -288,10 +294,11 @@ class Conversation:
         logits), exactly the state a fresh conversation is in after generating up to it. Rows past the
         position are masked out and overwritten by the next calls.
 
-        Sliding-window layers (hf_static v2) keep ring caches: a ring of R rows still holds what a step back of
-        up to ``R - W + 1`` positions needs (``metadata.rewind_reach()``, at least T). A longer rewind keeps the
-        tokens but leaves them all pending, so the next call writes them again from position 0 (a re-prefill,
-        as a fresh conversation given them as one prompt would).
+        Sliding-window layers (hf_static v2) keep ring caches: a ring of R rows still holds every row the next
+        query needs as long as no call wrote more than ``R - W + 1`` positions past the new position
+        (``metadata.rewind_reach()``, at least T), counting padded prefill rows and rows of earlier rewinds. A
+        rewind beyond that keeps the tokens but leaves them all pending, so the next call writes them again
+        from position 0 (a re-prefill, as a fresh conversation given them as one prompt would).
         """
         self._check_history("rewind")
         if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= len(self._tokens):
@@ -303,7 +310,7 @@ class Conversation:
         del self._tokens[len(self._tokens) - count :]
         position = min(self._position, max(len(self._tokens) - 1, 0))
         reach = self._runner.metadata.rewind_reach()
-        if reach is not None and self._position - position > reach:
+        if reach is not None and self._written_end - position > reach:
             # the ring caches of sliding-window layers no longer hold every row the kept tokens' next query needs
             # (later rows overwrote them): every kept token is written again by the next call, as for a fresh
             # conversation given them as its prompt
@@ -315,7 +322,7 @@ class Conversation:
     def snapshot(self, metadata: Mapping[str, Any] | None = None) -> Snapshot:
         """An immutable copy of this conversation (state, tokens, position); ``metadata``: JSON kept with it."""
         self._check_history("take a snapshot")
-        record: dict[str, Any] = {"tokens": list(self._tokens), "position": self._position}
+        record: dict[str, Any] = {"tokens": list(self._tokens), "position": self._position, "written_end": self._written_end}
         if metadata is not None:
             record["user"] = dict(metadata)
         return self.session.snapshot({SNAPSHOT_KEY: record})
@@ -332,7 +339,7 @@ class Conversation:
             raise StateError(f"restore() takes an etsdk Snapshot, found {type(snapshot).__name__}")
         meta = self._runner.metadata
         record = snapshot.metadata.get(SNAPSHOT_KEY)
-        if not isinstance(record, Mapping) or not {"tokens", "position"} <= set(record) or set(record) - {"tokens", "position", "user"}:
+        if not isinstance(record, Mapping) or not {"tokens", "position"} <= set(record) or set(record) - {"tokens", "position", "user", "written_end"}:
             raise StateError("the snapshot was not taken from an hf_static conversation (no conversation record)")
         tokens, position, user = record["tokens"], record["position"], record.get("user", {})
         if not isinstance(tokens, list) or len(tokens) > meta.context_length:
@@ -345,8 +352,12 @@ class Conversation:
             raise StateError(f"the snapshot's position must be in 0..{len(tokens)}, found {position!r}")
         if not isinstance(user, Mapping):
             raise StateError("the snapshot's user metadata must be an object")
+        # a snapshot without it (an older etsdk-hf-static's) may hold rows up to S: assume so (a rewind re-prefills)
+        written_end = record.get("written_end", meta.context_length)
+        if isinstance(written_end, bool) or not isinstance(written_end, int) or not position <= written_end <= meta.context_length:
+            raise StateError(f"the snapshot's written_end must be in {position}..{meta.context_length}, found {written_end!r}")
         self.session.restore(snapshot)
-        self._tokens, self._position, self._gap = tokens, position, None
+        self._tokens, self._position, self._gap, self._written_end = tokens, position, None, written_end
         return dict(user)
 
     def save(self, path: str | Path, metadata: Mapping[str, Any] | None = None) -> Path:

@@ -230,8 +230,9 @@ def export(
         "prefill": etsdk.resolve_backend_id(prefill_backend or backend),
         "decode": etsdk.resolve_backend_id(decode_backend or backend),
     }
-    filled = wanted(attention, list(chosen.values()))
+    wanted(attention, list(chosen.values()))  # a wrong mode or a backend that cannot: refused before loading
     loaded, directory, gguf_tokenizer = _load_model(model, quiet, allow_requantize)
+    filled = wanted(attention, list(chosen.values()), loaded)
     if quantization is not None:
         _quantize(loaded, quantization, quiet)
     prefill_length, context_length, why = default_sizes(loaded.config.get_text_config(), prefill_length, context_length)

@@ -194,7 +194,7 @@ def read_metadata(record: Contract | None) -> HfStaticMetadata:
     for dim, value in meta.dims.items():
         if record.dims.get(dim) != value:
             raise MetadataError(
-                f"metadata.{_DIM_FIELDS.get(dim, 'layer_kinds / ring_rows')} is {value} but the contract record's dim {dim} is {record.dims.get(dim)!r}"
+                f"metadata.{_DIM_FIELDS[dim] if meta.version == 1 or dim not in ('L', 'LW', 'R') else 'layer_kinds / ring_rows'} is {value} but the contract record's dim {dim} is {record.dims.get(dim)!r}"
             )
     return meta
 

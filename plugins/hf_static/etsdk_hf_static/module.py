@@ -123,6 +123,22 @@ def causal_mask(start_pos: int, real: int, rows: int, context: int, *, out: torc
     return torch.le(columns, last, out=out)
 
 
+def _full_attention_config(config: Any, context_length: int) -> Any:
+    """``config``, or a copy whose sliding windows are off when none is shorter than the context (S <= W: every
+    position a query may see is inside its window, so a full-attention cache of S rows computes the same)."""
+    import copy
+
+    window = getattr(config, "sliding_window", None)
+    if not isinstance(window, int) or window < context_length:
+        return config
+    full = copy.copy(config)
+    full.sliding_window = None
+    types = getattr(config, "layer_types", None)
+    if types is not None:
+        full.layer_types = ["full_attention" if t == "sliding_attention" else t for t in types]
+    return full
+
+
 class StaticCausalLM(torch.nn.Module):
     """``model`` (a transformers causal LM) over a static cache of ``context_length`` rows."""
 
@@ -132,7 +148,7 @@ class StaticCausalLM(torch.nn.Module):
 
         config = model.config.get_text_config()
         self.model = model
-        self.cache = StaticCache(max_cache_len=context_length, config=config)
+        self.cache = StaticCache(max_cache_len=context_length, config=_full_attention_config(config, context_length))
         layers: list[StaticLayer] = []
         for i, layer in enumerate(self.cache.layers):
             if type(layer) is not StaticLayer:

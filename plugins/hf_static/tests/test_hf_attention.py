@@ -31,8 +31,18 @@ def long_model() -> Any:
 
 
 def _export(model: Any, path: Path, backend: str, attention: str) -> HfStaticRunner:
-    export(model, path, backend=backend, prefill_length=T, context_length=LONG_S, attention=attention,
-           partitioner_options={"EtsdkAotiBackend": {"device": "cpu"}}, quiet=True)
+    from etsdk.testing import capture_delegates
+
+    with capture_delegates() as captured:
+        export(model, path, backend=backend, prefill_length=T, context_length=LONG_S, attention=attention,
+               partitioner_options={"EtsdkAotiBackend": {"device": "cpu"}}, quiet=True)
+    if backend == "aoti":  # a library that calls the attention kernel says so: a reader without it refuses the blob
+        from etsdk.backend import BlobReader
+        from etsdk_aoti import blob_format
+
+        for delegate in captured:
+            features = BlobReader(delegate.payload, known_features=blob_format.KNOWN_FEATURES).required_features
+            assert (blob_format.ATTENTION_FEATURE in features) == (attention != "full"), (delegate.method, features)
     return HfStaticRunner.from_file(path)
 
 
@@ -64,10 +74,24 @@ def test_decode_reads_the_rows_in_use_and_equals_full_length_mode(backend: str, 
     assert read < 40 * filled.metadata.layers * 8  # 16 positions in a cache of 2048 rows: far from 2048 per call
     assert list(got) == expected
 
-    full = _export(long_model, tmp_path / "full.pte", "reference", "full")
+    full = _export(long_model, tmp_path / "full.pte", backend if backend == "reference" else "aoti", "full")
     before = attention_rows_read()
     assert full.generate(prompt, max_new_tokens=NEW, stop_at_eos=False).token_ids == got
     assert attention_rows_read() == before  # full-length mode: SDPA over all S rows, no etsdk::attention
+
+
+def test_a_model_whose_attention_the_operator_lacks_keeps_its_own() -> None:
+    import transformers
+
+    config = transformers.Gemma2Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, max_position_embeddings=64, attn_logit_softcapping=50.0,
+    )
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    assert not wanted("auto", ["EtsdkReferenceBackend"], model)  # full-length mode, the model's own attention
+    with pytest.raises(ExportError, match=r"attention='filled': Gemma2ForCausalLM cannot use etsdk::attention: its "
+                       r"attention soft-caps logits \(attn_logit_softcapping=50.0\)"):
+        wanted("filled", ["EtsdkReferenceBackend"], model)
 
 
 def test_filled_attention_needs_backends_that_claim_it() -> None:

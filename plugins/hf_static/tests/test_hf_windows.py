@@ -125,6 +125,44 @@ def test_a_rewind_past_the_ring_re_prefills_and_equals_a_fresh_conversation(ring
     assert got == b.generate([*a.tokens[: -len(follow) - 6], *follow], max_new_tokens=6, stop_at_eos=False).token_ids
 
 
+def test_rewinds_count_every_row_written_past_the_new_position(ring_runner: HfStaticRunner) -> None:
+    """Two rewinds in a row, and a rewind after a padded prefill chunk, re-prefill when rows they need were
+    overwritten (the reach counts the highest row written, not the position before the rewind)."""
+    reach = ring_runner.metadata.rewind_reach()
+    assert reach == T
+    prompt, follow = prompt_of(5, seed=7), prompt_of(3, seed=8)
+    a = _fresh(ring_runner)
+    a.generate(prompt, max_new_tokens=16, stop_at_eos=False)
+    a.rewind(T)  # within reach of the highest row written
+    assert a.position > 0
+    a.rewind(1)  # one more: now T + 1 rows were written past the position
+    assert a.position == 0
+    b = _fresh(ring_runner)
+    want = b.generate([*a.tokens, *follow], max_new_tokens=5, stop_at_eos=False).token_ids
+    assert a.generate(follow, max_new_tokens=5, stop_at_eos=False).token_ids == want
+
+    c = _fresh(ring_runner)
+    c.prefill(prompt_of(T, seed=9))  # one full chunk: rows 0 .. T-1
+    c.generate(prompt_of(3, seed=10), max_new_tokens=1, stop_at_eos=False)  # a padded chunk writes rows up to 2T-1
+    c.rewind(T - 2)
+    assert c.position == 0  # the padding reached past what the ring can spare
+    d = _fresh(ring_runner)
+    want = d.generate([*c.tokens, *follow], max_new_tokens=5, stop_at_eos=False).token_ids
+    assert c.generate(follow, max_new_tokens=5, stop_at_eos=False).token_ids == want
+
+
+def test_a_window_no_shorter_than_the_context_exports_as_full_attention(tmp_path: Path) -> None:
+    model = tiny_model("mistral", window=2 * S, seed=3)
+    path = tmp_path / "model.pte"
+    export(model, path, backend="reference", prefill_length=T, context_length=S, quiet=True)
+    runner = HfStaticRunner.from_file(path)
+    assert runner.metadata.version == 1
+    prompt = prompt_of(T + 2, seed=4)
+    expected, margin = hf_generate(model, prompt, 6)
+    assert margin > MARGIN
+    assert list(runner.generate(prompt, max_new_tokens=6, stop_at_eos=False).token_ids) == expected
+
+
 def test_fork_save_and_load_continue_exactly(ring_runner: HfStaticRunner, tmp_path: Path) -> None:
     prefix = prompt_of(T + 3, seed=6)
     base = _fresh(ring_runner)

@@ -43,9 +43,30 @@ def attention_rows_read() -> int:
     return _rows_read
 
 
+def _check(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor) -> None:
+    """The operator's operands, or a ValueError saying which one is not what the schema says (at export too)."""
+    problems = []
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4 or mask.dim() != 4:
+        problems.append(f"4-D operands, found query {list(query.shape)}, key {list(key.shape)}, value {list(value.shape)}, mask {list(mask.shape)}")
+    else:
+        B, Hq, L, E = query.shape
+        _, H, S, _ = key.shape
+        if mask.dtype != torch.bool:
+            problems.append(f"a bool mask, found {mask.dtype}")
+        if tuple(key.shape) != (B, H, S, E) or tuple(value.shape[:3]) != (B, H, S):
+            problems.append(f"key [B, H, S, {E}] and value [B, H, S, Ev] for query {list(query.shape)}, found key {list(key.shape)}, value {list(value.shape)}")
+        elif H == 0 or Hq % H:
+            problems.append(f"query heads a multiple of key heads, found {Hq} and {H}")
+        if mask.shape[0] not in (1, B) or tuple(mask.shape[1:]) != (1, L, S):
+            problems.append(f"mask [1 or {B}, 1, {L}, {S}], found {list(mask.shape)}")
+    if problems:
+        raise ValueError(f"etsdk::attention expects {'; '.join(problems)}")
+
+
 @torch.library.custom_op("etsdk::attention", mutates_args=())
 def _attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
     global _rows_read
+    _check(query, key, value, mask)
     n = filled_rows(mask)
     with _counter_lock:
         _rows_read += n
@@ -56,6 +77,7 @@ def _attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask
 
 @_attention.register_fake
 def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    _check(query, key, value, mask)
     return query.new_empty((*query.shape[:-1], value.shape[-1]))
 
 

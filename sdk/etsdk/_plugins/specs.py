@@ -41,8 +41,9 @@ class Capability(str, enum.Enum):
     CALLER_OWNED_STATE = "caller_owned_state"
     #: The backend reads weights from named data (.pte or an external .ptd).
     NAMED_DATA = "named_data"
-    #: The backend claims ``etsdk::attention`` (``etsdk.backend.ATTENTION``) and reads only the key / value rows
-    #: some query sees; exporters then bound attention by its mask (LLM decode cost follows the filled rows).
+    #: The backend claims ``etsdk::attention`` (``etsdk.backend.ATTENTION``) and computes it, reading only the key /
+    #: value rows some query sees where it has a kernel for the device (etsdk-aoti: the CPU; on CUDA it reads
+    #: every row); exporters then bound attention by its mask (LLM decode cost follows the filled rows).
     FILLED_ATTENTION = "filled_attention"
 
 
