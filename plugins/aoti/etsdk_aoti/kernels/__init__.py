@@ -148,7 +148,7 @@ def load() -> Path:
 
     with _lock:
         if _path is None:  # once per process: the build checks the cache by hashing the source
-            _path = build_native_library("etsdk_aoti_kernels", _SOURCES, _flags())
+            _path = build_native_library("etsdk_aoti_kernels", _SOURCES, _flags(), headers=[_SOURCE.with_name("aoti_shim.h")])
             _loaded = ctypes.CDLL(str(_path), mode=ctypes.RTLD_GLOBAL)
         return _path
 

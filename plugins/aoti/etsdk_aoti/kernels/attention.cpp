@@ -14,7 +14,7 @@
 // Every tensor is checked (dtype, rank, sizes, contiguity) and a mismatch fails the call; a query
 // row that sees nothing gets zeros (the exporters never make one).
 
-#include <torch/csrc/inductor/aoti_torch/c/macros.h>
+#include "aoti_shim.h"
 
 #include <algorithm>
 #include <atomic>
@@ -24,37 +24,11 @@
 
 #include <omp.h>
 
-extern "C" {
-AOTITorchError aoti_torch_get_data_ptr(AtenTensorHandle tensor, void** ret_data_ptr);
-AOTITorchError aoti_torch_get_dim(AtenTensorHandle tensor, int64_t* ret_dim);
-AOTITorchError aoti_torch_get_sizes(AtenTensorHandle tensor, int64_t** ret_sizes);
-AOTITorchError aoti_torch_get_strides(AtenTensorHandle tensor, int64_t** ret_strides);
-AOTITorchError aoti_torch_get_dtype(AtenTensorHandle tensor, int32_t* ret_dtype);
-AOTITorchError aoti_torch_empty_strided(int64_t ndim, const int64_t* sizes_ptr, const int64_t* strides_ptr,
-                                        int32_t dtype, int32_t device_type, int32_t device_index,
-                                        AtenTensorHandle* ret_new_tensor);
-int32_t aoti_torch_dtype_float32();
-int32_t aoti_torch_dtype_bool();
-int32_t aoti_torch_device_type_cpu();
-}
-
 namespace {
 
-std::atomic<int64_t> rows_read{0};
+using etsdk_kernels::contiguous_tensor;
 
-bool contiguous4(AtenTensorHandle h, int32_t dtype, int64_t** sizes, void** data) {
-  int64_t dim = 0;
-  int32_t found = 0;
-  if (!h || aoti_torch_get_dim(h, &dim) || dim != 4 || aoti_torch_get_dtype(h, &found) || found != dtype) return false;
-  int64_t* strides = nullptr;
-  if (aoti_torch_get_sizes(h, sizes) || aoti_torch_get_strides(h, &strides) || aoti_torch_get_data_ptr(h, data)) return false;
-  int64_t expected = 1;
-  for (int64_t d = 3; d >= 0; --d) {
-    if ((*sizes)[d] != 1 && strides[d] != expected) return false;
-    expected *= (*sizes)[d];
-  }
-  return true;
-}
+std::atomic<int64_t> rows_read{0};
 
 inline float dot(const float* a, const float* b, int64_t n) {
   float acc = 0.f;
@@ -73,8 +47,8 @@ extern "C" __attribute__((visibility("default"))) AOTITorchError aoti_torch_cpu_
   const int32_t f32 = aoti_torch_dtype_float32();
   int64_t *qs = nullptr, *ks = nullptr, *vs = nullptr, *ms = nullptr;
   void *qp = nullptr, *kp = nullptr, *vp = nullptr, *mp = nullptr;
-  if (!contiguous4(query, f32, &qs, &qp) || !contiguous4(key, f32, &ks, &kp) || !contiguous4(value, f32, &vs, &vp) ||
-      !contiguous4(mask, aoti_torch_dtype_bool(), &ms, &mp))
+  if (!contiguous_tensor(query, 4, f32, &qs, &qp) || !contiguous_tensor(key, 4, f32, &ks, &kp) ||
+      !contiguous_tensor(value, 4, f32, &vs, &vp) || !contiguous_tensor(mask, 4, aoti_torch_dtype_bool(), &ms, &mp))
     return AOTI_TORCH_FAILURE;
   const int64_t B = qs[0], Hq = qs[1], L = qs[2], E = qs[3];
   const int64_t H = ks[1], S = ks[2], Ev = vs[3];

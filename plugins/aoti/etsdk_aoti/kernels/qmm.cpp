@@ -22,7 +22,7 @@
 // the graph, the runtime checks every bound constant); this code checks them
 // again and fails the call rather than read out of bounds.
 
-#include <torch/csrc/inductor/aoti_torch/c/macros.h>
+#include "aoti_shim.h"
 
 #include <cstdint>
 #include <cstring>
@@ -32,21 +32,6 @@
 #include <immintrin.h>
 #endif
 #include <omp.h>
-
-extern "C" {
-AOTITorchError aoti_torch_get_data_ptr(AtenTensorHandle tensor, void** ret_data_ptr);
-AOTITorchError aoti_torch_get_dim(AtenTensorHandle tensor, int64_t* ret_dim);
-AOTITorchError aoti_torch_get_sizes(AtenTensorHandle tensor, int64_t** ret_sizes);
-AOTITorchError aoti_torch_get_strides(AtenTensorHandle tensor, int64_t** ret_strides);
-AOTITorchError aoti_torch_get_dtype(AtenTensorHandle tensor, int32_t* ret_dtype);
-AOTITorchError aoti_torch_empty_strided(int64_t ndim, const int64_t* sizes_ptr, const int64_t* strides_ptr,
-                                        int32_t dtype, int32_t device_type, int32_t device_index,
-                                        AtenTensorHandle* ret_new_tensor);
-int32_t aoti_torch_dtype_float32();
-int32_t aoti_torch_dtype_int8();
-int32_t aoti_torch_dtype_uint8();
-int32_t aoti_torch_device_type_cpu();
-}
 
 namespace {
 
@@ -372,19 +357,7 @@ void gemv(const Weights& w, const float* x, int64_t m_rows, float* y) {
   }
 }
 
-bool tensor(AtenTensorHandle h, int64_t dims, int32_t dtype, int64_t** sizes, void** data) {
-  int64_t dim = 0;
-  int32_t found = 0;
-  if (!h || aoti_torch_get_dim(h, &dim) || dim != dims || aoti_torch_get_dtype(h, &found) || found != dtype) return false;
-  int64_t* strides = nullptr;
-  if (aoti_torch_get_sizes(h, sizes) || aoti_torch_get_strides(h, &strides) || aoti_torch_get_data_ptr(h, data)) return false;
-  int64_t expected = 1;  // contiguous
-  for (int64_t d = dims - 1; d >= 0; --d) {
-    if ((*sizes)[d] != 1 && strides[d] != expected) return false;
-    expected *= (*sizes)[d];
-  }
-  return true;
-}
+using etsdk_kernels::contiguous_tensor;
 
 }  // namespace
 
@@ -395,9 +368,9 @@ extern "C" __attribute__((visibility("default"))) AOTITorchError aoti_torch_cpu_
   int64_t *xs = nullptr, *qs = nullptr, *ss = nullptr, *ms = nullptr, *bs = nullptr;
   void *xp = nullptr, *qp = nullptr, *sp = nullptr, *mp = nullptr, *bp = nullptr;
   if (!(bits == 8 || bits == 4) || group < 0 || (bits == 4 && group < 32) || (group % 32 && group)) return AOTI_TORCH_FAILURE;
-  if (!tensor(x, 2, f32, &xs, &xp)) return AOTI_TORCH_FAILURE;
+  if (!contiguous_tensor(x, 2, f32, &xs, &xp)) return AOTI_TORCH_FAILURE;
   const int32_t qtype = bits == 8 ? aoti_torch_dtype_int8() : aoti_torch_dtype_uint8();
-  if (!tensor(qdata, 2, qtype, &qs, &qp)) return AOTI_TORCH_FAILURE;
+  if (!contiguous_tensor(qdata, 2, qtype, &qs, &qp)) return AOTI_TORCH_FAILURE;
   Weights w{};
   w.bits = (int)bits;
   w.n = qs[0];
@@ -406,15 +379,15 @@ extern "C" __attribute__((visibility("default"))) AOTITorchError aoti_torch_cpu_
   w.groups = group ? w.k / group : 1;
   if (xs[1] != w.k || (group && w.k % group)) return AOTI_TORCH_FAILURE;
   if (group) {
-    if (!tensor(scales, 2, f32, &ss, &sp) || ss[0] != w.n || ss[1] != w.groups) return AOTI_TORCH_FAILURE;
-  } else if (!tensor(scales, 1, f32, &ss, &sp) || ss[0] != w.n) {
+    if (!contiguous_tensor(scales, 2, f32, &ss, &sp) || ss[0] != w.n || ss[1] != w.groups) return AOTI_TORCH_FAILURE;
+  } else if (!contiguous_tensor(scales, 1, f32, &ss, &sp) || ss[0] != w.n) {
     return AOTI_TORCH_FAILURE;
   }
   if (mins && *mins) {
-    if (bits != 4 || !tensor(*mins, 2, f32, &ms, &mp) || ms[0] != w.n || ms[1] != w.groups) return AOTI_TORCH_FAILURE;
+    if (bits != 4 || !contiguous_tensor(*mins, 2, f32, &ms, &mp) || ms[0] != w.n || ms[1] != w.groups) return AOTI_TORCH_FAILURE;
   }
   if (bias && *bias) {
-    if (!tensor(*bias, 1, f32, &bs, &bp) || bs[0] != w.n) return AOTI_TORCH_FAILURE;
+    if (!contiguous_tensor(*bias, 1, f32, &bs, &bp) || bs[0] != w.n) return AOTI_TORCH_FAILURE;
   }
   w.q8 = static_cast<const int8_t*>(qp);
   w.q4 = static_cast<const uint8_t*>(qp);

@@ -24,6 +24,7 @@ import sys
 import sysconfig
 import tempfile
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
@@ -147,20 +148,22 @@ def build(*, force: bool = False, verbose: bool = False) -> Path:
     return target
 
 
-def build_native_library(name: str, sources: list[Path], flags: list[str], *, verbose: bool = False) -> Path:
+def build_native_library(
+    name: str, sources: list[Path], flags: list[str], *, headers: Sequence[Path] = (), verbose: bool = False
+) -> Path:
     """Compile ``sources`` into the shared library ``lib<name>.so`` once, cached by content; return its path.
 
     For a plugin's own native code (etsdk-aoti's quantized kernels): the same compiler lookup as the native
     bridge (``$CXX``, else ``c++`` / ``g++`` / ``clang++``, with an install hint when there is none), ``-O3
     -shared -fPIC -std=c++17`` plus ``flags``, into ``<cache>/native/<name>/<key>/``, where the key covers
-    the sources, the flags and the compiler. Raises :class:`etsdk.BridgeBuildError` with the compiler's last
-    lines when it fails.
+    the sources, the ``headers`` they include (not compiled, only hashed: a changed header rebuilds), the flags
+    and the compiler. Raises :class:`etsdk.BridgeBuildError` with the compiler's last lines when it fails.
     """
     if not name.isidentifier():
         raise ValueError(f"a native library name is a Python identifier, found {name!r}")
     command = [*_compiler(), "-O3", "-std=c++17", "-shared", "-fPIC", *map(str, sources), *flags, "-o", "OUTPUT"]
     h = hashlib.sha256()
-    for source in sources:
+    for source in [*sources, *headers]:
         h.update(Path(source).read_bytes())
     h.update(" ".join(command).encode())
     target = cache_dir() / "native" / name / h.hexdigest()[:16] / f"lib{name}.so"
