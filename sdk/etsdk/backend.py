@@ -41,7 +41,8 @@ derives the planes it needs at load with :func:`weight_planes`.
 
 Attention over the filled rows: ``etsdk::attention`` (:data:`ATTENTION`) is SDPA under a boolean mask that reads
 only the key / value rows some query sees (:func:`filled_rows`); a backend that claims it declares
-``Capability.FILLED_ATTENTION``.
+``Capability.FILLED_ATTENTION`` and computes its int8 form too (int8 key / value caches with one scale per row,
+:func:`quantize_rows` / :func:`dequantize_rows`).
 
 Importing this module is cheap; :class:`OperatorPartitioner`, :func:`aten_name`
 and the quantized-weight helpers import torch (and executorch) on first use.
@@ -62,7 +63,7 @@ from etsdk._state.signature import ArgSpec, DelegateSignature, StateBinding
 
 if TYPE_CHECKING:
     from etsdk._export.operator_partitioner import OperatorPartitioner, aten_name
-    from etsdk._ops.attention import ATTENTION, attention_rows_read, calls_attention, filled_rows
+    from etsdk._ops.attention import ATTENTION, attention_rows_read, calls_attention, dequantize_rows, filled_rows, quantize_rows
     from etsdk._quant.ops import QuantizedCall, call_arguments, quantized_call
     from etsdk._quant.planes import Planes, dequantize, weight_planes
 
@@ -98,8 +99,10 @@ __all__ = [
     "calls_attention",
     "cache_dir",
     "dequantize",
+    "dequantize_rows",
     "dtype_name",
     "filled_rows",
+    "quantize_rows",
     "quantized_call",
     "readonly_tensor",
     "torch_dtype",
@@ -111,6 +114,8 @@ _LAZY = {
     "attention_rows_read": "etsdk._ops.attention",
     "calls_attention": "etsdk._ops.attention",
     "filled_rows": "etsdk._ops.attention",
+    "quantize_rows": "etsdk._ops.attention",
+    "dequantize_rows": "etsdk._ops.attention",
     "OperatorPartitioner": "etsdk._export.operator_partitioner",
     "aten_name": "etsdk._export.operator_partitioner",
     "QuantizedCall": "etsdk._quant.ops",

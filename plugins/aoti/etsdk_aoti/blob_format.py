@@ -63,9 +63,11 @@ STATE_INPUTS_FEATURE = "aoti.state_inputs.v1"
 KERNELS_FEATURE = "aoti.kernels.qmm.v1"
 #: the library calls etsdk-aoti's attention kernel (``aoti_torch_cpu_etsdk_attention``, etsdk_aoti.attention)
 ATTENTION_FEATURE = "aoti.kernels.attention.v1"
+#: the library calls the int8-cache attention kernel (``aoti_torch_cpu_etsdk_attention_int8``)
+ATTENTION_INT8_FEATURE = "aoti.kernels.attention_int8.v1"
 #: constants read from their own named-data entries or derived at load (sources "entry" / "derived")
 NAMED_CONSTANTS_FEATURE = "aoti.named_constants.v1"
-KNOWN_FEATURES = frozenset({BLOB_FEATURE, STATE_INPUTS_FEATURE, NAMED_CONSTANTS_FEATURE, KERNELS_FEATURE, ATTENTION_FEATURE})
+KNOWN_FEATURES = frozenset({BLOB_FEATURE, STATE_INPUTS_FEATURE, NAMED_CONSTANTS_FEATURE, KERNELS_FEATURE, ATTENTION_FEATURE, ATTENTION_INT8_FEATURE})
 
 PRODUCER = "etsdk-aoti"
 CONFIG_SECTION = "config"
@@ -157,6 +159,8 @@ class AotiBlob:
     calls_kernels: bool = False
     #: the library calls etsdk-aoti's attention kernel (feature ``aoti.kernels.attention.v1``)
     calls_attention: bool = False
+    #: the library calls the int8-cache attention kernel (feature ``aoti.kernels.attention_int8.v1``)
+    calls_attention_int8: bool = False
 
     def required_features(self) -> list[str]:
         features = [BLOB_FEATURE]
@@ -168,6 +172,8 @@ class AotiBlob:
             features.append(KERNELS_FEATURE)
         if self.calls_attention:
             features.append(ATTENTION_FEATURE)
+        if self.calls_attention_int8:
+            features.append(ATTENTION_INT8_FEATURE)
         return features
 
     @property
@@ -280,7 +286,10 @@ def decode(payload: memoryview | bytes, *, state_bindings: int | None = None) ->
             f"{config.library_sha256[:16]}...; refusing to load a damaged library"
         )
     features = reader.required_features
-    return AotiBlob(config, constants, library, calls_kernels=KERNELS_FEATURE in features, calls_attention=ATTENTION_FEATURE in features)
+    return AotiBlob(
+        config, constants, library, calls_kernels=KERNELS_FEATURE in features, calls_attention=ATTENTION_FEATURE in features,
+        calls_attention_int8=ATTENTION_INT8_FEATURE in features,
+    )
 
 
 def _json(reader: BlobReader, name: str) -> Any:

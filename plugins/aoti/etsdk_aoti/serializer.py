@@ -41,7 +41,7 @@ from etsdk import ExportError
 from etsdk.backend import DelegateSignature, Partition, StateBinding, aten_name, dtype_name
 
 from etsdk_aoti import blob_format, kernels, weights
-from etsdk_aoti.attention import kernel_attention, rewrite_attention
+from etsdk_aoti.attention import kernel_attention, kernel_attention_int8, rewrite_attention
 from etsdk_aoti.blob_format import AotiBlob, Config, Constant, Derivation, Source, TensorView
 from etsdk_aoti.library import ConstantKind, Library
 from etsdk_aoti.partitioner import DEVICE_SPEC, KERNEL_THREADS_SPEC
@@ -262,6 +262,10 @@ class Compiled:
     def calls_attention(self) -> bool:
         return any(node.target is kernel_attention for node in self.module.graph.nodes if node.op == "call_function")
 
+    @property
+    def calls_attention_int8(self) -> bool:
+        return any(node.target is kernel_attention_int8 for node in self.module.graph.nodes if node.op == "call_function")
+
 
 def compile_partition(
     edge_program: Any,
@@ -299,6 +303,8 @@ def compile_partition(
         shims[kernels.QMM] = [kernels.C_SHIM]
     if kernel_attention in targets:
         shims[kernels.KERNEL_ATTENTION] = [kernels.ATTENTION_C_SHIM]
+    if kernel_attention_int8 in targets:
+        shims[kernels.KERNEL_ATTENTION_INT8] = [kernels.ATTENTION_INT8_C_SHIM]
     if shims:
         options["aot_inductor.custom_ops_to_c_shims"] = shims
         kernels.load()  # the compiled library calls into it: loaded before the library is (to read its constants)
@@ -406,7 +412,8 @@ def preprocess(partition: Partition) -> bytes:
             state_inputs=tuple(range(len(signature.states))),
         )
         blob = AotiBlob(
-            config, constants, compiled.library, calls_kernels=compiled.calls_kernels, calls_attention=compiled.calls_attention
+            config, constants, compiled.library, calls_kernels=compiled.calls_kernels, calls_attention=compiled.calls_attention,
+            calls_attention_int8=compiled.calls_attention_int8,
         )
         return blob_format.encode(blob)  # the library file is deleted below
     finally:

@@ -7,22 +7,60 @@ call ``etsdk::attention`` (SDPA's meaning, :mod:`etsdk.backend`) while it is tra
 program claims that operator (``Capability.FILLED_ATTENTION``) and the model's attention has no feature the
 operator lacks (logit soft-capping, attention sinks: :func:`unsupported_attention`); otherwise, or with
 ``attention="full"``, the model keeps its own attention implementation over every row (full-length mode).
+
+Int8 caches (hf_static v3): the cache returns each layer's rows dequantized (what the model's own attention
+reads) and :func:`remember_int8` notes which int8 rows and scales they came from; the filled attention then
+calls ``etsdk::attention`` on those int8 operands, so it reads a quarter of the bytes and the dequantized copy
+is never computed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 from etsdk import Capability, ExportError, get_backend
 
-__all__ = ["ATTENTION_MODES", "IMPLEMENTATION", "filled_attention", "unsupported_attention", "wanted"]
+__all__ = [
+    "ATTENTION_MODES",
+    "IMPLEMENTATION",
+    "filled_attention",
+    "forget_int8",
+    "int8_operands",
+    "remember_int8",
+    "unsupported_attention",
+    "wanted",
+]
 
 ATTENTION_MODES = ("auto", "filled", "full")
 #: the name the attention function is registered under with transformers
 IMPLEMENTATION = "etsdk_filled"
+
+
+_int8 = threading.local()
+
+
+def remember_int8(dequantized: torch.Tensor, rows: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Note that ``dequantized`` stands for the int8 ``rows`` and their ``scale`` (until :func:`forget_int8`);
+    returns ``dequantized``."""
+    if not hasattr(_int8, "found"):
+        _int8.found = {}
+    _int8.found[id(dequantized)] = (dequantized, rows, scale)
+    return dequantized
+
+
+def forget_int8() -> None:
+    """Drop what :func:`remember_int8` noted (a wrapper's forward starts with it)."""
+    _int8.found = {}
+
+
+def int8_operands(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The int8 rows and scales ``tensor`` was dequantized from in this forward, or None."""
+    entry = getattr(_int8, "found", {}).get(id(tensor))
+    return (entry[1], entry[2]) if entry is not None and entry[0] is tensor else None
 
 
 def unsupported_attention(model: Any) -> str | None:
@@ -43,8 +81,12 @@ def _forward(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.T
         raise ExportError(
             f"{type(module).__name__}: etsdk::attention takes a boolean mask and no {found}; export with attention='full'"
         )
-    scale = kwargs.get("scaling")
-    out = torch.ops.etsdk.attention(query, key, value, attention_mask, float(scale if scale is not None else query.shape[-1] ** -0.5))
+    scale = float(kwargs.get("scaling") if kwargs.get("scaling") is not None else query.shape[-1] ** -0.5)
+    keys, values = int8_operands(key), int8_operands(value)
+    if keys is not None and values is not None:  # an int8 cache: attend over its rows, not the dequantized copy
+        out = torch.ops.etsdk.attention(query, keys[0], values[0], attention_mask, scale, keys[1], values[1])
+    else:
+        out = torch.ops.etsdk.attention(query, key, value, attention_mask, scale)
     return out.transpose(1, 2).contiguous(), None
 
 

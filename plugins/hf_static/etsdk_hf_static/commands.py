@@ -68,6 +68,11 @@ def configure_export(export: argparse.ArgumentParser) -> None:
         "(needs backends that claim etsdk::attention: aoti, reference); full: every row, masked; "
         "auto (default): filled where every backend claims it",
     )
+    export.add_argument(
+        "--kv-cache", choices=("float32", "int8"), default="float32",
+        help="int8: key / value caches of int8 rows with a scale per row and head (a quarter of the cache's "
+        "bytes, read by every decode step and saved with every session; hf_static v3); float32 (default)",
+    )
     quantize = export.add_argument_group("quantized weights (default: the model's own weights)")
     quantize.add_argument(
         "--quantize", default=None, metavar="FORMAT",
@@ -145,7 +150,7 @@ def run_export(args: argparse.Namespace) -> int:
         partitioner_options=backend_options(args.backend_option),
         quantization=quantization,
         allow_requantize=args.allow_requantize,
-        options={"attention": args.attention},
+        options={"attention": args.attention, "kv_cache": args.kv_cache},
     )
     for path in spec.exporter(request):
         print(path)

@@ -3,7 +3,8 @@
 A model whose every layer is full attention becomes a version-1 program; one with
 sliding-window layers (Gemma 2/3, Mistral, Qwen2 with a window shorter than the
 context) a version-2 program, whose sliding-window layers keep ring caches of
-R = W + T - 1 rows (:mod:`etsdk_hf_static.metadata`).
+R = W + T - 1 rows (:mod:`etsdk_hf_static.metadata`). With ``kv_cache="int8"``
+either becomes a version-3 program: int8 caches with a scale per row and head.
 
 Both methods trace one :class:`~etsdk_hf_static.module.StaticCausalLM`, so they
 share its cache buffers, which become the program's caller-owned state (one
@@ -32,7 +33,14 @@ from etsdk import (
 )
 
 from etsdk_hf_static.attention import filled_attention, wanted
-from etsdk_hf_static.metadata import CONTRACT_NAME, METADATA_FORMAT_V2, HfStaticMetadata, ring_rows
+from etsdk_hf_static.metadata import (
+    CACHE_DTYPES,
+    CONTRACT_NAME,
+    METADATA_FORMAT_V2,
+    METADATA_FORMAT_V3,
+    HfStaticMetadata,
+    ring_rows,
+)
 from etsdk_hf_static.module import StaticCausalLM, WindowedCausalLM, causal_mask, layer_kinds, slot_mask, state_fqns
 
 __all__ = ["DEFAULT_CONTEXT_LENGTH", "DEFAULT_PREFILL_LENGTH", "default_sizes", "export", "export_request", "tokenizer_dir"]
@@ -122,8 +130,11 @@ def default_sizes(config: Any, prefill_length: int | None = None, context_length
     return prefill_length, context_length, "; ".join(notes)
 
 
-def metadata_for(model: Any, prefill_length: int, context_length: int) -> HfStaticMetadata:
-    """The metadata record of ``model`` exported with T = ``prefill_length`` and S = ``context_length``."""
+def metadata_for(model: Any, prefill_length: int, context_length: int, cache_dtype: str = "float32") -> HfStaticMetadata:
+    """The metadata record of ``model`` exported with T = ``prefill_length``, S = ``context_length`` and caches of
+    ``cache_dtype`` (``"float32"``, or ``"int8"``: version 3)."""
+    if cache_dtype not in CACHE_DTYPES:
+        raise ExportError(f"kv_cache must be one of {', '.join(CACHE_DTYPES)}, found {cache_dtype!r}")
     config = model.config.get_text_config()
     heads = config.num_attention_heads
     if prefill_length <= 0 or context_length <= 0:
@@ -139,6 +150,8 @@ def metadata_for(model: Any, prefill_length: int, context_length: int) -> HfStat
     if window is not None:
         windows = {"layer_kinds": kinds, "window": window, "ring_rows": ring_rows(window, prefill_length, context_length),
                    "format": METADATA_FORMAT_V2}
+    if cache_dtype == "int8":
+        windows = {**windows, "layer_kinds": kinds, "format": METADATA_FORMAT_V3, "cache_dtype": "int8"}
     return HfStaticMetadata(
         context_length=context_length,
         prefill_length=prefill_length,
@@ -170,8 +183,7 @@ def method_sources(
         wrapper = StaticCausalLM(model, meta.context_length).eval()
         state = state_fqns(meta.layers)
     else:
-        assert meta.ring_rows is not None and meta.window is not None
-        wrapper = WindowedCausalLM(model, meta.context_length, meta.ring_rows, meta.layer_kinds).eval()
+        wrapper = WindowedCausalLM(model, meta.context_length, meta.ring_rows, meta.layer_kinds, meta.cache_dtype).eval()
         state = {name: name for name, _ in wrapper.named_buffers(recurse=False)}
     sources = {}
     for name, rows in (("prefill", meta.prefill_length), ("decode", 1)):
@@ -180,8 +192,10 @@ def method_sources(
             torch.arange(rows),
             causal_mask(0, rows, rows, meta.context_length),
         )
-        if meta.ring_rows is not None and meta.window is not None:  # version 2
+        if meta.ring_rows is not None and meta.window is not None:  # version 2, or 3 with sliding-window layers
             example += (slot_mask(0, rows, rows, meta.ring_rows, meta.window),)
+        elif meta.version == 3:  # no ring caches: a one-column window_mask nobody reads
+            example += (torch.ones(1, 1, rows, 1, dtype=torch.bool),)
         backend = backends[name]
         backend_options = {backend: dict(options[backend])} if options and backend in options else {}
         sources[name] = MethodSource(wrapper, example, (backend,), backend_options, strict=True, state=state)
@@ -202,6 +216,7 @@ def export(
     quantization: QuantizationPlan | None = None,
     allow_requantize: bool = False,
     attention: str = "auto",
+    kv_cache: str = "float32",
     quiet: bool = False,
 ) -> list[Path]:
     """Export ``model`` (a transformers model directory or a ``*ForCausalLM`` object) to ``output``.
@@ -220,6 +235,9 @@ def export(
     ``attention``: ``"filled"`` makes attention read only the cache rows in use
     (``etsdk::attention``, :mod:`etsdk_hf_static.attention`), ``"full"`` every row
     (masked), ``"auto"`` filled when every chosen backend claims it.
+    ``kv_cache``: ``"int8"`` keeps the key / value caches as int8 rows with a float32
+    scale per row and head (hf_static v3: a quarter of the cache's bytes, read by
+    every decode step and written into every saved session); ``"float32"`` (default).
     Returns the paths written.
     """
     import torch
@@ -231,12 +249,14 @@ def export(
         "decode": etsdk.resolve_backend_id(decode_backend or backend),
     }
     wanted(attention, list(chosen.values()))  # a wrong mode or a backend that cannot: refused before loading
+    if kv_cache not in CACHE_DTYPES:
+        raise ExportError(f"kv_cache must be one of {', '.join(CACHE_DTYPES)}, found {kv_cache!r}")
     loaded, directory, gguf_tokenizer = _load_model(model, quiet, allow_requantize)
     filled = wanted(attention, list(chosen.values()), loaded)
     if quantization is not None:
         _quantize(loaded, quantization, quiet)
     prefill_length, context_length, why = default_sizes(loaded.config.get_text_config(), prefill_length, context_length)
-    meta = metadata_for(loaded, prefill_length, context_length)
+    meta = metadata_for(loaded, prefill_length, context_length, kv_cache)
     options: dict[str, dict[str, Any]] = {
         b: dict(o) for b, o in ((etsdk.resolve_backend_id(k), v) for k, v in (partitioner_options or {}).items())
     }
@@ -244,7 +264,7 @@ def export(
         f"{meta.architecture or type(loaded).__name__}: {meta.layers} layers{_windows(meta)}, vocab {meta.vocab_size}, "
         f"T={meta.prefill_length}, S={meta.context_length}{f' ({why})' if why else ''}; "
         f"prefill -> {chosen['prefill']}, decode -> {chosen['decode']}; attention over "
-        f"{'the filled rows' if filled else 'every row'}",
+        f"{'the filled rows' if filled else 'every row'}{'; int8 caches (hf_static v3)' if meta.version == 3 else ''}",
         quiet,
     )
     _plan(loaded, output, quiet)
@@ -265,10 +285,10 @@ def export(
 
 
 def _windows(meta: HfStaticMetadata) -> str:
-    if meta.version == 1:
+    if meta.version == 1 or meta.window is None:
         return ""
     count = meta.layer_kinds.count("window")
-    return f" ({count} sliding-window of {meta.window} positions in ring caches of R={meta.ring_rows} rows: {CONTRACT_NAME} v2)"
+    return f" ({count} sliding-window of {meta.window} positions in ring caches of R={meta.ring_rows} rows: {CONTRACT_NAME} v{meta.version})"
 
 
 def model_size(model: Any) -> tuple[int, int]:
@@ -347,9 +367,9 @@ def export_request(request: ExportRequest) -> list[Path]:
     unknown = sorted(set(request.method_backends) - set(METHODS))
     if unknown:
         raise ExportError(f"hf_static has methods {', '.join(METHODS)}; no method {', '.join(unknown)}")
-    unknown_options = sorted(set(request.options) - {"attention"})
+    unknown_options = sorted(set(request.options) - {"attention", "kv_cache"})
     if unknown_options:
-        raise ExportError(f"hf_static's exporter takes the option attention, not {', '.join(unknown_options)}")
+        raise ExportError(f"hf_static's exporter takes the options attention and kv_cache, not {', '.join(unknown_options)}")
     unknown_sizes = sorted(set(request.sizes) - {"T", "S"})
     if unknown_sizes:
         raise ExportError(f"hf_static takes sizes T (prefill length) and S (context length), not {', '.join(unknown_sizes)}")
@@ -367,4 +387,5 @@ def export_request(request: ExportRequest) -> list[Path]:
         quantization=request.quantization,
         allow_requantize=request.allow_requantize,
         attention=str(request.options.get("attention", "auto")),
+        kv_cache=str(request.options.get("kv_cache", "float32")),
     )

@@ -1,4 +1,4 @@
-"""The hf_static metadata record (contract v1 and v2): what a runner needs to know before the first step.
+"""The hf_static metadata record (contract v1, v2 and v3): what a runner needs to know before the first step.
 
 Embedded in the program as ``contract.metadata["hf_static"]`` (the contract
 record travels in the program and is checked against the installed
@@ -11,6 +11,11 @@ Version 2 adds sliding-window layers: ``layer_kinds`` says per model layer
 ``"full"`` (a cache of S rows, written at its positions) or ``"window"`` (a ring
 cache of R = ``ring_rows`` rows, written at position mod R, attending to the last
 ``window`` positions); it has no counters.
+Version 3 is version 2 with int8 caches (``cache_dtype`` ``"int8"``): every cache
+holds int8 rows and a float32 state beside it (``k0_scale``, ``[1, H, rows, 1]``)
+one scale per row and head. Its ``layer_kinds`` may be all ``"full"``; then
+``window`` and ``ring_rows`` are null, R is 1 and ``window_mask`` is all True (the
+program does not read it).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from etsdk import Contract, ContractError
 
 __all__ = [
     "CONTRACT_NAME",
+    "CACHE_DTYPES",
     "FULL",
     "MASK_CONVENTION",
     "SUPPORTED_VERSIONS",
@@ -34,11 +40,15 @@ __all__ = [
 ]
 
 CONTRACT_NAME = "hf_static"
-SUPPORTED_VERSIONS = (1, 2)
+SUPPORTED_VERSIONS = (1, 2, 3)
 METADATA_KEY = "hf_static"
 METADATA_FORMAT = 1
 #: metadata format of a version-2 program (it adds ``window``, ``ring_rows`` and ``layer_kinds``)
 METADATA_FORMAT_V2 = 2
+#: metadata format of a version-3 program (int8 caches: ``cache_dtype`` "int8"; windows optional)
+METADATA_FORMAT_V3 = 3
+#: what a cache may hold: the model's float32 values (versions 1 and 2), or int8 rows with a scale each (version 3)
+CACHE_DTYPES = ("float32", "int8")
 FULL, WINDOW = "full", "window"
 #: ``mask[0, 0, i, j]`` is True where row ``i`` may attend to cache row ``j``.
 MASK_CONVENTION = "bool_true_visible"
@@ -57,6 +67,9 @@ class HfStaticMetadata:
     logits are the last (and only engine) output of each method, ``[1, rows, V]``.
     Version 2 (sliding-window layers): ``window`` W, ``ring_rows`` R, and
     ``layer_kinds`` (one of ``"full"`` / ``"window"`` per layer); empty for version 1.
+    Version 3: ``cache_dtype`` ``"int8"`` (caches of int8 rows with a scale per row
+    and head), ``layer_kinds`` always given, ``window`` / ``ring_rows`` None when no
+    layer has a window.
     """
 
     context_length: int
@@ -89,17 +102,20 @@ class HfStaticMetadata:
 
     @property
     def version(self) -> int:
-        """The hf_static contract version: 2 when a layer has a ring (sliding-window) cache, else 1."""
+        """The hf_static contract version: 3 for int8 caches, else 2 when a layer has a ring (sliding-window)
+        cache, else 1."""
+        if self.cache_dtype == "int8":
+            return 3
         return 2 if self.layer_kinds else 1
 
     @property
     def dims(self) -> dict[str, int]:
         """The contract sizes this metadata implies."""
         dims = {dim: getattr(self, name) for dim, name in _DIM_FIELDS.items()}
-        if self.version == 2:
+        if self.version >= 2:
             dims["L"] = self.layer_kinds.count(FULL)
             dims["LW"] = self.layer_kinds.count(WINDOW)
-            dims["R"] = self.ring_rows or 0
+            dims["R"] = self.ring_rows or 1  # version 3 without windows: a one-column window_mask nobody reads
         return dims
 
     def cache_names(self, layer: int) -> tuple[str, str]:
@@ -113,14 +129,24 @@ class HfStaticMetadata:
 
     def cache_rows(self, layer: int) -> int:
         """Rows of layer ``layer``'s caches: S, or R for a ring."""
-        if self.version == 2 and self.layer_kinds[layer] == WINDOW:
+        if self.version >= 2 and self.layer_kinds[layer] == WINDOW:
             return self.ring_rows or 0
         return self.context_length
+
+    def cache_states(self, layer: int) -> dict[str, tuple[str, tuple[int, int, int, int]]]:
+        """Every state of model layer ``layer``'s caches: name -> (dtype, shape). The key and value caches, and for
+        int8 caches (version 3) their scales (``k0_scale``: float32 ``[1, H, rows, 1]``)."""
+        rows = self.cache_rows(layer)
+        cache = (self.cache_dtype, (1, self.kv_heads, rows, self.head_dim))
+        out = dict.fromkeys(self.cache_names(layer), cache)
+        if self.cache_dtype == "int8":
+            out.update({f"{name}_scale": ("float32", (1, self.kv_heads, rows, 1)) for name in self.cache_names(layer)})
+        return out
 
     def rewind_reach(self) -> int | None:
         """How many written positions a conversation can step back and still find every row its next query
         needs in the ring caches (``R - W + 1``), or None when every cache keeps every row (version 1)."""
-        if self.version == 1 or self.ring_rows == self.context_length:
+        if self.version == 1 or self.ring_rows is None or self.ring_rows == self.context_length:
             return None  # a ring of S rows never wraps: every written row stays
         assert self.ring_rows is not None and self.window is not None
         return self.ring_rows - self.window + 1
@@ -158,7 +184,7 @@ def read_metadata(record: Contract | None) -> HfStaticMetadata:
     unknown = sorted(set(raw) - known)
     if unknown:
         raise MetadataError(f"metadata has unknown field(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
-    wanted_format = METADATA_FORMAT if record.version == 1 else METADATA_FORMAT_V2
+    wanted_format = {1: METADATA_FORMAT, 2: METADATA_FORMAT_V2}.get(record.version, METADATA_FORMAT_V3)
     if raw.get("format") != wanted_format:
         raise MetadataError(f"metadata.format: expected {wanted_format}, found {raw.get('format')!r}")
     values: dict[str, Any] = {}
@@ -176,7 +202,8 @@ def read_metadata(record: Contract | None) -> HfStaticMetadata:
     bos = raw.get("bos_id")
     if bos is not None and (isinstance(bos, bool) or not isinstance(bos, int) or not 0 <= bos < values["vocab_size"]):
         raise MetadataError(f"metadata.bos_id: expected null or a token id below {values['vocab_size']}, found {bos!r}")
-    for name, wanted in (("cache_dtype", "float32"), ("logits_dtype", "float32"), ("mask", MASK_CONVENTION), ("logits", "last")):
+    cache_dtype = "int8" if record.version == 3 else "float32"
+    for name, wanted in (("cache_dtype", cache_dtype), ("logits_dtype", "float32"), ("mask", MASK_CONVENTION), ("logits", "last")):
         found = raw.get(name, wanted)
         if found != wanted:
             raise MetadataError(f"metadata.{name}: {CONTRACT_NAME} v{record.version} supports {wanted!r}, found {found!r}")
@@ -184,9 +211,11 @@ def read_metadata(record: Contract | None) -> HfStaticMetadata:
     if not isinstance(architecture, str):
         raise MetadataError(f"metadata.architecture: expected a string, found {architecture!r}")
     extra: dict[str, Any] = {}
-    if record.version == 2:
-        extra = _read_windows(raw, values)
-    meta = HfStaticMetadata(**values, eos_ids=tuple(eos), architecture=architecture, bos_id=bos, **extra)
+    if record.version >= 2:
+        extra = _read_windows(raw, values, record.version)
+    meta = HfStaticMetadata(
+        **values, eos_ids=tuple(eos), architecture=architecture, bos_id=bos, cache_dtype=cache_dtype, **extra
+    )
     if meta.prefill_length > meta.context_length:
         raise MetadataError(
             f"metadata.prefill_length {meta.prefill_length} exceeds context_length {meta.context_length}"
@@ -199,16 +228,22 @@ def read_metadata(record: Contract | None) -> HfStaticMetadata:
     return meta
 
 
-def _read_windows(raw: Mapping[str, Any], values: Mapping[str, int]) -> dict[str, Any]:
-    """The version-2 fields: ``window`` W, ``ring_rows`` R and ``layer_kinds``, checked against each other."""
+def _read_windows(raw: Mapping[str, Any], values: Mapping[str, int], version: int) -> dict[str, Any]:
+    """The version-2 and 3 fields: ``window`` W, ``ring_rows`` R and ``layer_kinds``, checked against each other
+    (a version-3 program may have no window layer, and then no W and R)."""
     kinds = raw.get("layer_kinds")
     if not isinstance(kinds, list) or len(kinds) != values["layers"] or any(k not in (FULL, WINDOW) for k in kinds):
         raise MetadataError(
             f"metadata.layer_kinds: expected a list of {values['layers']} entries, each '{FULL}' or '{WINDOW}', found {kinds!r}"
         )
+    out: dict[str, Any] = {"layer_kinds": tuple(kinds), "format": METADATA_FORMAT_V2 if version == 2 else METADATA_FORMAT_V3}
     if WINDOW not in kinds:
-        raise MetadataError(f"metadata.layer_kinds: a {CONTRACT_NAME} v2 program has a '{WINDOW}' layer, found none")
-    out: dict[str, Any] = {"layer_kinds": tuple(kinds), "format": METADATA_FORMAT_V2}
+        if version == 2:
+            raise MetadataError(f"metadata.layer_kinds: a {CONTRACT_NAME} v2 program has a '{WINDOW}' layer, found none")
+        found = {name: raw.get(name) for name in ("window", "ring_rows") if raw.get(name) is not None}
+        if found:
+            raise MetadataError(f"metadata: no layer has a window, so window and ring_rows must be null, found {found}")
+        return out
     for name in ("window", "ring_rows"):
         value = raw.get(name)
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:

@@ -16,7 +16,10 @@ returns logits ``[1, T, V]`` float32. Mask convention ``bool_true_visible``:
 :class:`WindowedCausalLM` (hf_static v2) is the form of a model with
 sliding-window layers: full layers keep S rows written at their positions,
 sliding-window layers a ring of R rows written at position mod R; it takes a
-second mask for the rings (:func:`slot_mask`) and has no counters.
+second mask for the rings (:func:`slot_mask`) and has no counters. With
+``cache_dtype="int8"`` (hf_static v3) every cache holds int8 rows and a float32
+scale per row and head beside it (``k0`` / ``k0_scale``), written by
+:func:`etsdk.backend.quantize_rows`.
 """
 
 from __future__ import annotations
@@ -174,25 +177,47 @@ class StaticCausalLM(torch.nn.Module):
         return out.logits
 
 
-def _position_cache(config: Any, context_length: int, targets: list[tuple[torch.Tensor, torch.Tensor, int | None]]) -> Any:
+class _Target:
+    """One layer's cache buffers: keys and values (and their scales, for int8 caches), and its ring rows (None: S)."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, ring: int | None, scales: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+        self.keys, self.values, self.ring, self.scales = keys, values, ring, scales
+
+
+def _position_cache(config: Any, context_length: int, targets: list[_Target]) -> Any:
     """The cache transformers' attention layers call: it writes each layer's keys and values at the step's positions
     (mod R for a ring) into the wrapper's buffers and returns the whole buffer, which the mask selects from.
-    (transformers' own sliding-window layer decides by a Python counter, which a traced program cannot.)"""
+    (transformers' own sliding-window layer decides by a Python counter, which a traced program cannot.)
+    Int8 caches: the rows are quantized as they are written, and the whole cache is returned dequantized (what the
+    model's own attention reads); filled attention reads the int8 rows instead (:func:`~etsdk_hf_static.attention.
+    int8_operands`)."""
     from transformers.cache_utils import StaticCache
 
+    from etsdk_hf_static.attention import remember_int8
+
     class PositionCache(StaticCache):  # type: ignore[misc]
-        targets: list[tuple[torch.Tensor, torch.Tensor, int | None]]
+        targets: list[_Target]
         positions: torch.Tensor | None
 
         def update(
             self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, cache_kwargs: Any = None
         ) -> tuple[torch.Tensor, torch.Tensor]:
-            keys, values, ring = self.targets[layer_idx]
+            from etsdk.backend import dequantize_rows, quantize_rows
+
+            target = self.targets[layer_idx]
             assert self.positions is not None  # set by the wrapper's forward before the model runs
-            index = self.positions if ring is None else torch.remainder(self.positions, ring)
-            keys.index_copy_(2, index, key_states)
-            values.index_copy_(2, index, value_states)
-            return keys, values
+            index = self.positions if target.ring is None else torch.remainder(self.positions, target.ring)
+            if target.scales is None:
+                target.keys.index_copy_(2, index, key_states)
+                target.values.index_copy_(2, index, value_states)
+                return target.keys, target.values
+            out = []
+            for rows, cache, scale in ((key_states, target.keys, target.scales[0]), (value_states, target.values, target.scales[1])):
+                quantized, row_scale = quantize_rows(rows)
+                cache.index_copy_(2, index, quantized)
+                scale.index_copy_(2, index, row_scale)
+                out.append(remember_int8(dequantize_rows(cache, scale).to(rows.dtype), cache, scale))
+            return out[0], out[1]
 
     cache = PositionCache(max_cache_len=context_length, config=config)
     cache.targets = targets
@@ -208,32 +233,48 @@ class WindowedCausalLM(torch.nn.Module):
     [1, 1, T, R])`` returns logits ``[1, T, V]``; the model gets each layer type its mask.
     """
 
-    def __init__(self, model: Any, context_length: int, ring_rows: int, kinds: tuple[str, ...]) -> None:
+    def __init__(
+        self, model: Any, context_length: int, ring_rows: int | None, kinds: tuple[str, ...], cache_dtype: str = "float32"
+    ) -> None:
         super().__init__()
+        if cache_dtype not in ("float32", "int8"):
+            raise ExportError(f"an hf_static cache holds float32 or int8 rows, found cache dtype {cache_dtype!r}")
         config = model.config.get_text_config()
         self.model = model
         heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        targets: list[tuple[torch.Tensor, torch.Tensor, int | None]] = []
+        int8 = cache_dtype == "int8"
+        targets: list[_Target] = []
         for layer, kind in enumerate(kinds):
             ring = ring_rows if kind == "window" else None
             index = kinds[:layer].count(kind)
             names = (f"k{index}", f"v{index}") if ring is None else (f"kw{index}", f"vw{index}")
-            pair = [torch.zeros(1, heads, ring or context_length, head_dim, dtype=model.dtype) for _ in names]
+            rows = ring or context_length
+            pair = [torch.zeros(1, heads, rows, head_dim, dtype=torch.int8 if int8 else model.dtype) for _ in names]
             for name, tensor in zip(names, pair):
                 self.register_buffer(name, tensor, persistent=False)
-            targets.append((pair[0], pair[1], ring))
+            scales = None
+            if int8:
+                scales = (torch.zeros(1, heads, rows, 1), torch.zeros(1, heads, rows, 1))
+                for name, tensor in zip(names, scales):
+                    self.register_buffer(f"{name}_scale", tensor, persistent=False)
+            targets.append(_Target(pair[0], pair[1], ring, scales))
         self.cache = _position_cache(config, context_length, targets)
         self.by_type = getattr(config, "layer_types", None) is not None
         self.all_window = "full" not in kinds
+        self.has_window = "window" in kinds
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, attention_mask: torch.Tensor, window_mask: torch.Tensor
     ) -> torch.Tensor:
+        from etsdk_hf_static.attention import forget_int8
+
+        forget_int8()
         self.cache.positions = positions
         mask: Any
         if self.by_type:  # models with per-layer types take one mask per type
-            mask = {"full_attention": attention_mask, "sliding_attention": window_mask}
+            # (a window no shorter than S is full attention: hf_static v3 without ring caches)
+            mask = {"full_attention": attention_mask, "sliding_attention": window_mask if self.has_window else attention_mask}
         else:  # every layer is the same kind (Mistral's sliding window)
             mask = window_mask if self.all_window else attention_mask
         out = self.model(

@@ -94,11 +94,14 @@ def full_chunks(position: int, tokens: Sequence[int], meta: HfStaticMetadata) ->
 class MethodInputs:
     """Pre-allocated engine inputs of one method, filled in place before each call (one set per conversation).
 
-    ``ring``, ``window``: a version-2 program's ring rows R and window W; its methods take a second mask, for the
-    ring caches (:func:`~etsdk_hf_static.module.slot_mask`).
+    ``ring``, ``window``: a version-2 (or 3) program's ring rows R and window W; its methods take a second mask, for
+    the ring caches (:func:`~etsdk_hf_static.module.slot_mask`). ``unread_window_mask``: a version-3 program without
+    ring caches, whose methods take a one-column window mask they do not read.
     """
 
-    def __init__(self, rows: int, context: int, *, ring: int | None = None, window: int | None = None) -> None:
+    def __init__(
+        self, rows: int, context: int, *, ring: int | None = None, window: int | None = None, unread_window_mask: bool = False
+    ) -> None:
         self.rows = rows
         self.context = context
         self.ring, self.window = ring, window
@@ -106,12 +109,14 @@ class MethodInputs:
         self.positions = torch.zeros(rows, dtype=torch.long)
         self.mask = torch.zeros(1, 1, rows, context, dtype=torch.bool)
         self.window_mask = None if ring is None else torch.zeros(1, 1, rows, ring, dtype=torch.bool)
+        self._unread = torch.ones(1, 1, rows, 1, dtype=torch.bool) if unread_window_mask else None
         self._offsets = torch.arange(rows)
 
     @classmethod
     def for_method(cls, rows: int, meta: HfStaticMetadata) -> MethodInputs:
-        """The inputs of a method of ``rows`` rows of the program ``meta`` describes (version 1 or 2)."""
-        return cls(rows, meta.context_length, ring=meta.ring_rows, window=meta.window)
+        """The inputs of a method of ``rows`` rows of the program ``meta`` describes (version 1, 2 or 3)."""
+        unread = meta.version == 3 and meta.ring_rows is None
+        return cls(rows, meta.context_length, ring=meta.ring_rows, window=meta.window, unread_window_mask=unread)
 
     def fill(self, step: Step) -> tuple[torch.Tensor, ...]:
         """Tokens (zero-padded), positions ``start ..``, the mask of :func:`causal_mask` (and the ring's)."""
@@ -120,6 +125,8 @@ class MethodInputs:
         self.ids[0, :n] = torch.tensor(step.tokens, dtype=torch.long)
         torch.add(self._offsets, step.start, out=self.positions)
         causal_mask(step.start, n, self.rows, self.context, out=self.mask)
+        if self._unread is not None:
+            return self.ids, self.positions, self.mask, self._unread
         if self.window_mask is None:
             return self.ids, self.positions, self.mask
         assert self.ring is not None and self.window is not None

@@ -59,8 +59,7 @@ def check_program(record: Contract | None, infos: Mapping[str, MethodInfo]) -> H
     assert record is not None  # read_metadata refuses a missing record
     expected_states: dict[str, tuple[str, tuple[int, ...]]] = {}
     for layer in range(meta.layers):
-        cache = ("float32", (1, meta.kv_heads, meta.cache_rows(layer), meta.head_dim))
-        expected_states.update(dict.fromkeys(meta.cache_names(layer), cache))
+        expected_states.update(meta.cache_states(layer))
         if meta.version == 1:
             expected_states[f"c{layer}"] = ("int64", ())
     found_states = {s.name: (s.dtype, tuple(int(d) for d in s.shape)) for s in record.states}

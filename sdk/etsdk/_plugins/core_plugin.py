@@ -33,4 +33,10 @@ def etsdk_register_contracts() -> list[ContractSpec]:
             path=CONTRACTS_DIR / "hf_static" / "2.json",
             description="hf_static with sliding-window layers: full caches of S rows and ring caches of R rows, two masks",
         ),
+        ContractSpec(
+            name="hf_static",
+            version=3,
+            path=CONTRACTS_DIR / "hf_static" / "3.json",
+            description="hf_static v2 with int8 key / value caches, a float32 scale per row and head beside each",
+        ),
     ]

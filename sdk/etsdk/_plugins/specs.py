@@ -43,7 +43,8 @@ class Capability(str, enum.Enum):
     NAMED_DATA = "named_data"
     #: The backend claims ``etsdk::attention`` (``etsdk.backend.ATTENTION``) and computes it, reading only the key /
     #: value rows some query sees where it has a kernel for the device (etsdk-aoti: the CPU; on CUDA it reads
-    #: every row); exporters then bound attention by its mask (LLM decode cost follows the filled rows).
+    #: every row), in both of its forms (float key / value, and int8 key / value with a scale per row); exporters
+    #: then bound attention by its mask (LLM decode cost follows the filled rows).
     FILLED_ATTENTION = "filled_attention"
 
 

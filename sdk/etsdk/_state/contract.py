@@ -73,6 +73,8 @@ class Role(str, enum.Enum):
     MASK = "mask"
     KV_CACHE_KEY = "kv_cache_key"
     KV_CACHE_VALUE = "kv_cache_value"
+    #: the scales of an int8 key or value cache (one per row and head), held beside it
+    KV_CACHE_SCALE = "kv_cache_scale"
     COUNTER = "counter"
     LOGITS = "logits"
     HIDDEN = "hidden"

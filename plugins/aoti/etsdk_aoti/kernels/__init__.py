@@ -1,8 +1,10 @@
-"""etsdk-aoti's native kernels: ``etsdk_aoti::etsdk_qmm`` (quantized weights) and ``etsdk_aoti::etsdk_attention``.
+"""etsdk-aoti's native kernels: ``etsdk_aoti::etsdk_qmm`` (quantized weights), ``etsdk_aoti::etsdk_attention``
+and ``etsdk_aoti::etsdk_attention_int8``.
 
 ``etsdk_attention`` (``attention.cpp``) stands for the core's ``etsdk::attention``: SDPA under a boolean mask
 that reads only the key / value rows some query sees, so an LLM's decode step costs what its conversation
-holds, not the cache's capacity. Its eager implementation is the core's reference.
+holds, not the cache's capacity; ``etsdk_attention_int8`` is its int8-cache form (int8 rows, a float32 scale
+per row). Their eager implementation is the core's reference.
 
 
 The serializer rewrites every ``etsdk::linear_q`` of a partition into
@@ -38,9 +40,11 @@ from etsdk_aoti.blob_format import KERNELS_FEATURE
 
 __all__ = [
     "ATTENTION_C_SHIM",
+    "ATTENTION_INT8_C_SHIM",
     "C_SHIM",
     "KERNELS_FEATURE",
     "KERNEL_ATTENTION",
+    "KERNEL_ATTENTION_INT8",
     "QMM",
     "attention",
     "attention_rows_read",
@@ -58,6 +62,13 @@ C_SHIM = (
 ATTENTION_C_SHIM = (
     "AOTITorchError aoti_torch_cpu_etsdk_attention(AtenTensorHandle query, AtenTensorHandle key, "
     "AtenTensorHandle value, AtenTensorHandle mask, double scale, AtenTensorHandle* ret0)"
+)
+
+#: The C declaration AOTInductor emits for ``etsdk_aoti::etsdk_attention_int8``.
+ATTENTION_INT8_C_SHIM = (
+    "AOTITorchError aoti_torch_cpu_etsdk_attention_int8(AtenTensorHandle query, AtenTensorHandle key, "
+    "AtenTensorHandle key_scale, AtenTensorHandle value, AtenTensorHandle value_scale, AtenTensorHandle mask, "
+    "double scale, AtenTensorHandle* ret0)"
 )
 
 _SOURCE = Path(__file__).with_name("qmm.cpp")
@@ -115,6 +126,27 @@ def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.T
 
 
 KERNEL_ATTENTION = torch.ops.etsdk_aoti.etsdk_attention.default
+
+
+@torch.library.custom_op("etsdk_aoti::etsdk_attention_int8", mutates_args=())
+def etsdk_attention_int8(
+    query: torch.Tensor, key: torch.Tensor, key_scale: torch.Tensor, value: torch.Tensor, value_scale: torch.Tensor,
+    mask: torch.Tensor, scale: float,
+) -> torch.Tensor:
+    from etsdk.backend import ATTENTION
+
+    return ATTENTION(query, key, value, mask, scale, key_scale, value_scale)  # type: ignore[no-any-return]
+
+
+@etsdk_attention_int8.register_fake
+def _(
+    query: torch.Tensor, key: torch.Tensor, key_scale: torch.Tensor, value: torch.Tensor, value_scale: torch.Tensor,
+    mask: torch.Tensor, scale: float,
+) -> torch.Tensor:
+    return query.new_empty((*query.shape[:-1], value.shape[-1]))
+
+
+KERNEL_ATTENTION_INT8 = torch.ops.etsdk_aoti.etsdk_attention_int8.default
 
 
 def attention_rows_read() -> int:
@@ -196,24 +228,31 @@ def qmm(
     return result
 
 
-def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
-    """Call the native attention kernel directly (tests and benchmarks); ``ValueError`` when it refuses the tensors
-    (dtype, rank, sizes or layout)."""
+def attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scale: float,
+    key_scale: torch.Tensor | None = None, value_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Call the native attention kernel directly (tests and benchmarks): the int8 one when ``key_scale`` and
+    ``value_scale`` are given; ``ValueError`` when it refuses the tensors (dtype, rank, sizes or layout)."""
     from etsdk_aoti.library import _new_capsule, free_handles, tensor_handles
 
     path = load()
     assert _loaded is not None
     pointer = ctypes.c_void_p
-    function = _loaded.aoti_torch_cpu_etsdk_attention
-    function.argtypes = [pointer, pointer, pointer, pointer, ctypes.c_double, ctypes.POINTER(pointer)]
-    handles = tensor_handles([query, key, value, mask])
+    quantized = key_scale is not None or value_scale is not None
+    operands = [query, key, key_scale, value, value_scale, mask] if quantized else [query, key, value, mask]
+    if any(t is None for t in operands):
+        raise ValueError("the int8 attention kernel takes key_scale and value_scale both")
+    function = _loaded.aoti_torch_cpu_etsdk_attention_int8 if quantized else _loaded.aoti_torch_cpu_etsdk_attention
+    function.argtypes = [pointer] * len(operands) + [ctypes.c_double, ctypes.POINTER(pointer)]
+    handles = tensor_handles(operands)
     try:
         out = pointer()
-        code = function(handles[0], handles[1], handles[2], handles[3], scale, ctypes.byref(out))
+        code = function(*handles, scale, ctypes.byref(out))
     finally:
         free_handles(handles)
     if code != 0:
-        shapes = ", ".join(f"{list(t.shape)} {t.dtype}" for t in (query, key, value, mask))
+        shapes = ", ".join(f"{list(t.shape)} {t.dtype}" for t in operands if t is not None)
         raise ValueError(f"{path.name} refused the tensors ({shapes})")
     result: torch.Tensor = torch._C._aoti.alloc_tensors_by_stealing_from_void_ptrs([_new_capsule(out.value, None, None)])[0]
     return result
