@@ -67,3 +67,62 @@ def test_the_operator_refuses_operands_its_schema_does_not_take() -> None:
         ATTENTION(q, k, v, mask.float(), 1.0)
     with pytest.raises(ValueError, match=r"query heads a multiple of key heads, found 3 and 2"):
         ATTENTION(q[:, :3], k, v, mask, 1.0)
+
+
+@pytest.mark.parametrize(("hq", "h", "visible"), [(9, 3, [37]), (4, 4, [5, 6, 7, 7, 7])])
+def test_the_int8_kernel_computes_the_operator_over_dequantized_rows(hq: int, h: int, visible: list[int]) -> None:
+    from etsdk.backend import ATTENTION, dequantize_rows, quantize_rows
+
+    q, k, v, mask = _case(hq, h, len(visible), 64, visible, seed=5)
+    (kq, ks), (vq, vs) = quantize_rows(k), quantize_rows(v)
+    n = max(visible) + 1
+    ks[:, :, n:] = float("nan")  # scales past the filled rows: reading them would poison the result
+    vs[:, :, n:] = float("nan")
+    before = kernels.attention_rows_read()
+    out = kernels.attention(q, kq, vq, mask, 0.25, ks, vs)
+    assert kernels.attention_rows_read() - before == n
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q, dequantize_rows(kq, ks)[:, :, :n], dequantize_rows(vq, vs)[:, :, :n], attn_mask=mask[..., :n], scale=0.25,
+        enable_gqa=hq != h,
+    )
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ATTENTION(q, kq, vq, mask, 0.25, ks, vs), want, rtol=1e-5, atol=1e-5)
+    # int8 rows stand close to the float ones: one scale per row keeps the error near 1/254 of each row's largest value
+    exact = torch.nn.functional.scaled_dot_product_attention(
+        q, k[:, :, :n], v[:, :, :n], attn_mask=mask[..., :n], scale=0.25, enable_gqa=hq != h
+    )
+    assert (out - exact).abs().max() < 0.05
+
+
+def test_quantize_rows_is_symmetric_per_row_and_keeps_zero_rows() -> None:
+    from etsdk.backend import dequantize_rows, quantize_rows
+
+    rows = torch.tensor([[0.0, 0.0, 0.0], [1.0, -2.0, 0.5], [-127.0, 3.0, 127.0]])
+    q, scale = quantize_rows(rows)
+    assert q.dtype == torch.int8 and scale.shape == (3, 1)
+    assert q[0].tolist() == [0, 0, 0] and scale[0].item() == 0.0  # no division by zero
+    assert q[1].tolist() == [64, -127, 32] and q[2].tolist() == [-127, 3, 127]
+    torch.testing.assert_close(dequantize_rows(q, scale), rows, atol=2.0 / 254, rtol=0)
+
+
+def test_int8_operands_the_kernel_or_the_operator_cannot_take_are_refused() -> None:
+    from etsdk.backend import ATTENTION, quantize_rows
+
+    q, k, v, mask = _case(4, 2, 1, 8, [3])
+    (kq, ks), (vq, vs) = quantize_rows(k), quantize_rows(v)
+    for bad in [
+        (q, kq, vq, mask, ks[:, :, :4], vs),  # scales for fewer rows
+        (q, kq, vq, mask, ks.double(), vs),  # scale dtype
+        (q, k, vq, mask, ks, vs),  # float key with scales
+        (q, kq, vq, mask, ks, vs[..., 0]),  # a 3-D scale
+    ]:
+        with pytest.raises(ValueError, match="refused the tensors"):
+            kernels.attention(bad[0], bad[1], bad[2], bad[3], 1.0, bad[4], bad[5])
+    with pytest.raises(ValueError, match=r"key_scale float32 \[1, 2, 8, 1\], found torch.float32 \[1, 2, 4, 1\]"):
+        ATTENTION(q, kq, vq, mask, 1.0, ks[:, :, :4], vs)
+    with pytest.raises(ValueError, match=r"int8 key and value with scales, found torch.float32 and torch.int8"):
+        ATTENTION(q, k, vq, mask, 1.0, ks, vs)
+    with pytest.raises(ValueError, match=r"key_scale and value_scale with int8 key and value"):
+        ATTENTION(q, kq, vq, mask, 1.0)
+    with pytest.raises(ValueError, match=r"key_scale and value_scale both or neither"):
+        ATTENTION(q, kq, vq, mask, 1.0, ks, None)
