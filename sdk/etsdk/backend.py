@@ -63,7 +63,14 @@ from etsdk._state.signature import ArgSpec, DelegateSignature, StateBinding
 
 if TYPE_CHECKING:
     from etsdk._export.operator_partitioner import OperatorPartitioner, aten_name
-    from etsdk._ops.attention import ATTENTION, attention_rows_read, calls_attention, dequantize_rows, filled_rows, quantize_rows
+    from etsdk._ops.attention import (
+        ATTENTION,
+        attention_rows_read,
+        calls_attention,
+        dequantize_rows,
+        filled_rows,
+        quantize_rows,
+    )
     from etsdk._quant.ops import QuantizedCall, call_arguments, quantized_call
     from etsdk._quant.planes import Planes, dequantize, weight_planes
 

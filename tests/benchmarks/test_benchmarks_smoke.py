@@ -40,6 +40,13 @@ EXPECTED_KEYS: dict[str, set[str]] = {
         "fill",
         "filled_fill_tokens_per_s",
         "full_fill_tokens_per_s",
+        "int8_tokens_per_s",
+        "int8_fill_tokens_per_s",
+        "int8_over_float_fill",
+        "llama_cpp_tokens_per_s",
+        "llama_cpp_fill_tokens_per_s",
+        "read_gb_per_s",
+        "fill_read_limit_tokens_per_s",
     },
     "state_copies": {"capacities", "etsdk_us_per_step", "peer_us_per_step", "etsdk_flat_ratio", "peer_growth_ratio"},
     "aoti_export_memory": {

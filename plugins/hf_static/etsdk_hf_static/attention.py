@@ -81,7 +81,8 @@ def _forward(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.T
         raise ExportError(
             f"{type(module).__name__}: etsdk::attention takes a boolean mask and no {found}; export with attention='full'"
         )
-    scale = float(kwargs.get("scaling") if kwargs.get("scaling") is not None else query.shape[-1] ** -0.5)
+    given = kwargs.get("scaling")
+    scale = float(given) if given is not None else float(query.shape[-1] ** -0.5)
     keys, values = int8_operands(key), int8_operands(value)
     if keys is not None and values is not None:  # an int8 cache: attend over its rows, not the dequantized copy
         out = torch.ops.etsdk.attention(query, keys[0], values[0], attention_mask, scale, keys[1], values[1])

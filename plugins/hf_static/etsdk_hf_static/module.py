@@ -280,4 +280,5 @@ class WindowedCausalLM(torch.nn.Module):
         out = self.model(
             input_ids=input_ids, attention_mask=mask, position_ids=positions.unsqueeze(0), past_key_values=self.cache, use_cache=True
         )
+        forget_int8()  # the dequantized caches of this step are not kept alive until the next one
         return out.logits
