@@ -93,10 +93,12 @@ class _LlamaCpp:
             write_llama_gguf(model, path, types={"token_embd": "F32", "output": "F32", "attn": "F32", "ffn": "F32"})
         threads = torch.get_num_threads()
         q8_0 = 8  # GGML_TYPE_Q8_0
-        self.contexts = {
-            "f16": Llama(str(path), n_ctx=S, n_batch=T, n_threads=threads, verbose=False),
-            "q8_0": Llama(str(path), n_ctx=S, n_batch=T, n_threads=threads, type_k=q8_0, type_v=q8_0, flash_attn=True, verbose=False),
-        }
+        self.contexts = {"f16": Llama(str(path), n_ctx=S, n_batch=min(512, S), n_threads=threads, verbose=False)}
+        config = model.config
+        if (getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads) % 32 == 0:
+            # (llama.cpp's q8_0 cache needs heads of a multiple of its 32-value blocks: not the smoke model's)
+            self.contexts["q8_0"] = Llama(str(path), n_ctx=S, n_batch=min(512, S), n_threads=threads, type_k=q8_0,
+                                          type_v=q8_0, flash_attn=True, verbose=False)
         self.vocab = model.config.vocab_size
         self._np = np
 
@@ -169,7 +171,7 @@ def main() -> None:
     speeds: dict[tuple[str, int], list[float]] = {key: [] for key in runners}
     fill_modes = [mode for mode in ("filled", "full", "int8") if (mode, largest) in runners]
     fill_speeds: dict[str, list[float]] = {mode: [] for mode in fill_modes}
-    caches = ("f16", "q8_0") if llama is not None else ()
+    caches = tuple(llama.contexts) if llama is not None else ()
     llama_speeds: dict[str, list[float]] = {cache: [] for cache in caches}
     llama_fill: dict[str, list[float]] = {cache: [] for cache in caches}
     for round_index in range(args.rounds):
