@@ -126,3 +126,27 @@ def test_int8_operands_the_kernel_or_the_operator_cannot_take_are_refused() -> N
         ATTENTION(q, kq, vq, mask, 1.0)
     with pytest.raises(ValueError, match=r"key_scale and value_scale both or neither"):
         ATTENTION(q, kq, vq, mask, 1.0, ks, None)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 48])
+@pytest.mark.parametrize("int8", [False, True])
+def test_common_head_sizes_and_long_conversations_take_the_blocked_paths(head_dim: int, int8: bool) -> None:
+    """Heads of 64 and 128 values run unrolled, sixteen rows per reduction, over chunks of 256 rows combined
+    after; 48 runs the general loop. Rows 0 .. 600 in three chunks, a block of 16 and a tail in the last; a
+    padded mask row; grouped heads."""
+    from etsdk.backend import ATTENTION, quantize_rows
+
+    g = torch.Generator().manual_seed(head_dim)
+    q = torch.randn(1, 6, 3, head_dim, generator=g)
+    k = torch.randn(1, 2, 700, head_dim, generator=g)
+    v = torch.randn(1, 2, 700, head_dim, generator=g)
+    mask = torch.zeros(1, 1, 3, 700, dtype=torch.bool)
+    mask[0, 0, 0, :599] = True
+    mask[0, 0, 1, 3:600] = True  # starts late: the first chunk's share of this row is partial
+    mask[0, 0, 2, :601] = True
+    scales: tuple[torch.Tensor, ...] = ()
+    if int8:
+        (k, ks), (v, vs) = quantize_rows(k), quantize_rows(v)
+        scales = (ks, vs)
+    out = kernels.attention(q, k, v, mask, 0.2, *scales)
+    torch.testing.assert_close(out, ATTENTION(q, k, v, mask, 0.2, *scales), rtol=2e-5, atol=2e-5)

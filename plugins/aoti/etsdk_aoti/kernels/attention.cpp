@@ -14,7 +14,8 @@
 //
 // Only rows 0 .. n-1 of key and value are read, n being one past the last column any query row
 // sees: an LLM's decode step over a static cache of S rows costs what the conversation holds,
-// not S. Work is split over (batch, query head) with OpenMP (torch's runtime, as the other kernels).
+// not S. Work is split over (batch, key / value head, chunk of 256 rows) with OpenMP (torch's runtime, as the
+// other kernels), the chunks of each query row combined after (flash-decoding's split).
 // Every tensor is checked (dtype, rank, sizes, contiguity) and a mismatch fails the call; a query
 // row that sees nothing gets zeros (the exporters never make one).
 
@@ -24,9 +25,14 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include <omp.h>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -48,6 +54,27 @@ inline float dot(const float* a, const int8_t* b, int64_t n) {
   return acc;
 }
 
+// exp(x) for x <= 0 in a form the compiler vectorizes (std::exp does not): 2^(x log2 e) split into an integer
+// power of two, built in the exponent bits, and a degree-6 polynomial for 2^f, f in [0, 1) (relative error
+// about 1e-7, as expf's). Below -87 (under float's normal range) it is 0, so a masked score (-inf) weighs 0.
+#pragma omp declare simd
+inline float exp_nonpositive(float x) {
+  const float t = std::max(x, -87.f) * 1.4426950408889634f;
+  const float whole = std::floor(t);
+  const float f = t - whole;
+  float p = 2.1702154e-4f;  // a minimax fit of 2^f on [0, 1): relative error 1.1e-7 evaluated in float32
+  p = p * f + 1.2439680e-3f;
+  p = p * f + 9.6788472e-3f;
+  p = p * f + 5.5483337e-2f;
+  p = p * f + 2.4022985e-1f;
+  p = p * f + 6.9314700e-1f;
+  p = p * f + 1.f;
+  const int32_t bits = (static_cast<int32_t>(whole) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return x < -87.f ? 0.f : p * scale;
+}
+
 // Key / value rows as stored: float32, or int8 with a float32 scale per row (scale == nullptr: float rows).
 template <typename T>
 struct Rows {
@@ -56,10 +83,105 @@ struct Rows {
   float row_scale(int64_t row) const { return scale ? scale[row] : 1.f; }
 };
 
+#if defined(__AVX512F__)
+// 16 values of a row as floats (int8 rows widened in registers)
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+#endif
+
+// q . row for a head of D values, q already in registers (AVX-512) or memory.
+template <typename T, int64_t D>
+inline float dot_fixed(const float* q, const T* row) {
+#if defined(__AVX512F__)
+  __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
+  for (int64_t c = 0; c < D / 16; c += 2) {
+    a = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * c), load16(row + 16 * c), a);
+    b = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * c + 16), load16(row + 16 * c + 16), b);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(a, b));
+#else
+  float x = 0.f;
+#pragma omp simd reduction(+ : x)
+  for (int64_t e = 0; e < D; ++e) x += q[e] * static_cast<float>(row[e]);
+  return x;
+#endif
+}
+
+#if defined(__AVX512F__)
+// [sum(v[0]), sum(v[1]), ..., sum(v[15])]: sixteen horizontal sums in 45 shuffles and adds (one sum alone takes
+// about 10), so a block of rows pays a fraction of a reduction each.
+inline __m512 reduce16(const __m512* v) {
+  __m512 s[8], u[4];
+  for (int i = 0; i < 8; ++i)  // per 128-bit block: [a0+a2, b0+b2, a1+a3, b1+b3] of a = v[2i], b = v[2i+1]
+    s[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i)  // per block: the block's sums of v[4i .. 4i+3]
+    u[i] = _mm512_add_ps(_mm512_shuffle_ps(s[2 * i], s[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(s[2 * i], s[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 x0 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                  _mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 x1 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                  _mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(x0, x1, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(x0, x1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+#endif
+
+// scores[j] = q . rows[j] for count rows of a head of D values.
+template <typename T, int64_t D>
+inline void dots_fixed(const float* q, const T* rows, int64_t count, float* scores) {
+  int64_t j = 0;
+#if defined(__AVX512F__)
+  __m512 qv[D / 16];
+  for (int64_t c = 0; c < D / 16; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
+  for (; j + 16 <= count; j += 16) {
+    __m512 acc[16];
+    for (int r = 0; r < 16; ++r) {
+      const T* row = rows + (j + r) * D;
+      __m512 a = _mm512_mul_ps(qv[0], load16(row));
+      for (int64_t c = 1; c < D / 16; ++c) a = _mm512_fmadd_ps(qv[c], load16(row + 16 * c), a);
+      acc[r] = a;
+    }
+    _mm512_storeu_ps(scores + j, reduce16(acc));
+  }
+#endif
+  for (; j < count; ++j) scores[j] = dot_fixed<T, D>(q, rows + j * D);
+}
+
+// out[0 .. D) = sum over rows j of w[j] * rows[j] (w already scaled), accumulated in registers.
+template <typename T, int64_t D>
+inline void weighted_sum_fixed(const float* w, const T* rows, int64_t count, float* out) {
+#if defined(__AVX512F__)
+  __m512 acc[D / 16];
+  for (int64_t c = 0; c < D / 16; ++c) acc[c] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < count; ++j) {
+    const __m512 wj = _mm512_set1_ps(w[j]);
+    const T* r = rows + j * D;
+    for (int64_t c = 0; c < D / 16; ++c) acc[c] = _mm512_fmadd_ps(wj, load16(r + 16 * c), acc[c]);
+  }
+  for (int64_t c = 0; c < D / 16; ++c) _mm512_storeu_ps(out + 16 * c, acc[c]);
+#else
+  for (int64_t e = 0; e < D; ++e) out[e] = 0.f;
+  for (int64_t j = 0; j < count; ++j)
+    for (int64_t e = 0; e < D; ++e) out[e] += w[j] * static_cast<float>(rows[j * D + e]);
+#endif
+}
+
+// Rows per task: a chunk's key and value rows stay in the core's cache while every query head of the group
+// reads them, and a long conversation splits into many tasks however few heads the model has.
+constexpr int64_t kChunk = 256;
+
 // The attention itself, shared by both forms: q [B, Hq, L, E], mask [MB, 1, L, S], out [B, Hq, L, Ev].
-template <typename T>
+// Each task takes one key / value head and a chunk of its rows, and for every query row of the heads that read
+// it computes a partial softmax (its maximum, its sum, its unnormalised output); a second pass combines the
+// chunks of each query row (as flash-decoding does).
+// D: the head size when it is known at compile time (64, 128: E == Ev == D; the dot products unroll and a query
+// row's output stays in registers), 0 otherwise.
+template <typename T, int64_t D>
 void attend(const float* q, Rows<T> k, Rows<T> v, const bool* m, float* out, int64_t B, int64_t Hq, int64_t L,
-            int64_t E, int64_t H, int64_t S, int64_t Ev, int64_t MB, float s) {
+            int64_t E_, int64_t H, int64_t S, int64_t Ev_, int64_t MB, float s) {
+  const int64_t E = D ? D : E_, Ev = D ? D : Ev_;
   // n: one past the last column some row sees (mask rows of every batch entry)
   int64_t n = 0;
   for (int64_t r = 0; r < MB * L; ++r) {
@@ -73,44 +195,106 @@ void attend(const float* q, Rows<T> k, Rows<T> v, const bool* m, float* out, int
   }
   rows_read.fetch_add(n, std::memory_order_relaxed);
   const int64_t group = Hq / H;
+  const int64_t chunks = std::max<int64_t>(1, (n + kChunk - 1) / kChunk);
+  const int64_t queries = group * L;  // query rows reading one key / value head
+  // per (b, hk, chunk, query row): the chunk's maximum score, its sum of exp, its unnormalised output
+  std::vector<float> part_max(static_cast<size_t>(B * H * chunks * queries));
+  std::vector<float> part_sum(part_max.size());
+  std::vector<float> part_out(part_max.size() * static_cast<size_t>(Ev));
 
 #pragma omp parallel
   {
-    std::vector<float> scores(static_cast<size_t>(std::max<int64_t>(n, 1)));
+    std::vector<float> scores(static_cast<size_t>(kChunk));
 #pragma omp for schedule(static)
-    for (int64_t bh = 0; bh < B * Hq; ++bh) {
-      const int64_t b = bh / Hq, h = bh % Hq, hk = h / group;
+    for (int64_t task = 0; task < B * H * chunks; ++task) {
+      const int64_t c = task % chunks, bhk = task / chunks, b = bhk / H, hk = bhk % H;
+      const int64_t first = c * kChunk, rows = std::min(n, first + kChunk) - first;
       const int64_t head = (b * H + hk) * S;  // first row of this key / value head
-      for (int64_t l = 0; l < L; ++l) {
+      for (int64_t query = 0; query < queries; ++query) {
+        const int64_t h = hk * group + query / L, l = query % L;
         const float* qr = q + ((b * Hq + h) * L + l) * E;
-        const bool* mr = m + ((MB == 1 ? 0 : b) * L + l) * S;
-        float* o = out + ((b * Hq + h) * L + l) * Ev;
+        const bool* mr = m + ((MB == 1 ? 0 : b) * L + l) * S + first;
+        const size_t slot = static_cast<size_t>(task * queries + query);
+        float* o = part_out.data() + slot * Ev;
+        if constexpr (D > 0) {
+          dots_fixed<T, D>(qr, k.data + (head + first) * D, rows, scores.data());
+        } else {
+          for (int64_t j = 0; j < rows; ++j) scores[j] = dot(qr, k.data + (head + first + j) * E, E);
+        }
+        if (k.scale) {
+#pragma omp simd
+          for (int64_t j = 0; j < rows; ++j) scores[j] *= k.scale[head + first + j];
+        }
         float best = -INFINITY;
-        for (int64_t j = 0; j < n; ++j) {
-          if (!mr[j]) continue;
-          const float x = dot(qr, k.data + (head + j) * E, E) * k.row_scale(head + j) * s;
-          scores[j] = x;
-          best = std::max(best, x);
+#pragma omp simd reduction(max : best)
+        for (int64_t j = 0; j < rows; ++j) {
+          scores[j] = mr[j] ? scores[j] * s : -INFINITY;  // a masked row weighs nothing, whatever it holds
+          best = std::max(best, scores[j]);
         }
 #pragma omp simd
         for (int64_t e = 0; e < Ev; ++e) o[e] = 0.f;
-        if (best == -INFINITY) continue;  // sees nothing: zeros
+        part_max[slot] = best;
+        part_sum[slot] = 0.f;
+        if (best == -INFINITY) continue;  // sees nothing in this chunk
         float total = 0.f;
-        for (int64_t j = 0; j < n; ++j) {
-          if (!mr[j]) continue;
-          const float p = std::exp(scores[j] - best);
-          total += p;
-          const float w = p * v.row_scale(head + j);
-          const T* vr = v.data + (head + j) * Ev;
-#pragma omp simd
-          for (int64_t e = 0; e < Ev; ++e) o[e] += w * static_cast<float>(vr[e]);
+#pragma omp simd reduction(+ : total)
+        for (int64_t j = 0; j < rows; ++j) {
+          scores[j] = exp_nonpositive(scores[j] - best);
+          total += scores[j];
         }
-        const float inv = 1.f / total;
+        part_sum[slot] = total;
+        if constexpr (D > 0) {
+          if (v.scale) {
 #pragma omp simd
-        for (int64_t e = 0; e < Ev; ++e) o[e] *= inv;
+            for (int64_t j = 0; j < rows; ++j) scores[j] *= v.scale[head + first + j];
+          }
+          weighted_sum_fixed<T, D>(scores.data(), v.data + (head + first) * D, rows, o);
+        } else {
+          for (int64_t j = 0; j < rows; ++j) {
+            if (scores[j] == 0.f) continue;
+            const float w = scores[j] * v.row_scale(head + first + j);
+            const T* vr = v.data + (head + first + j) * Ev;
+#pragma omp simd
+            for (int64_t e = 0; e < Ev; ++e) o[e] += w * static_cast<float>(vr[e]);
+          }
+        }
       }
     }
+    // combine the chunks of each query row: softmax over all of them is each chunk's share rescaled to the maximum
+#pragma omp for schedule(static)
+    for (int64_t bq = 0; bq < B * H * queries; ++bq) {
+      const int64_t bhk = bq / queries, query = bq % queries, b = bhk / H, hk = bhk % H;
+      const int64_t h = hk * group + query / L, l = query % L;
+      float* o = out + ((b * Hq + h) * L + l) * Ev;
+      float best = -INFINITY;
+      for (int64_t c = 0; c < chunks; ++c) best = std::max(best, part_max[static_cast<size_t>((bhk * chunks + c) * queries + query)]);
+#pragma omp simd
+      for (int64_t e = 0; e < Ev; ++e) o[e] = 0.f;
+      if (best == -INFINITY) continue;  // sees nothing: zeros
+      float total = 0.f;
+      for (int64_t c = 0; c < chunks; ++c) {
+        const size_t slot = static_cast<size_t>((bhk * chunks + c) * queries + query);
+        if (part_max[slot] == -INFINITY) continue;
+        const float weight = std::exp(part_max[slot] - best);
+        total += weight * part_sum[slot];
+        const float* po = part_out.data() + slot * Ev;
+#pragma omp simd
+        for (int64_t e = 0; e < Ev; ++e) o[e] += weight * po[e];
+      }
+      const float inv = 1.f / total;
+#pragma omp simd
+      for (int64_t e = 0; e < Ev; ++e) o[e] *= inv;
+    }
   }
+}
+
+// attend() with the head size fixed at compile time where it is a common one.
+template <typename T>
+void dispatch(const float* q, Rows<T> k, Rows<T> v, const bool* m, float* out, int64_t B, int64_t Hq, int64_t L,
+              int64_t E, int64_t H, int64_t S, int64_t Ev, int64_t MB, float s) {
+  if (E == 64 && Ev == 64) return attend<T, 64>(q, k, v, m, out, B, Hq, L, E, H, S, Ev, MB, s);
+  if (E == 128 && Ev == 128) return attend<T, 128>(q, k, v, m, out, B, Hq, L, E, H, S, Ev, MB, s);
+  attend<T, 0>(q, k, v, m, out, B, Hq, L, E, H, S, Ev, MB, s);
 }
 
 // Checks the operands of either form and allocates the output; false when any is not what the schema says.
@@ -157,7 +341,7 @@ extern "C" __attribute__((visibility("default"))) AOTITorchError aoti_torch_cpu_
   if (!operands(query, key, value, mask, aoti_torch_dtype_float32(), &qs, &ks, &vs, &ms, &qp, &kp, &vp, &mp, ret0, &out))
     return AOTI_TORCH_FAILURE;
   if (qs[0] == 0 || qs[1] == 0 || qs[2] == 0) return AOTI_TORCH_SUCCESS;
-  attend<float>(static_cast<const float*>(qp), {static_cast<const float*>(kp), nullptr},
+  dispatch<float>(static_cast<const float*>(qp), {static_cast<const float*>(kp), nullptr},
                 {static_cast<const float*>(vp), nullptr}, static_cast<const bool*>(mp), out, qs[0], qs[1], qs[2], qs[3],
                 ks[1], ks[2], vs[3], ms[0], static_cast<float>(scale));
   return AOTI_TORCH_SUCCESS;
@@ -179,7 +363,7 @@ extern "C" __attribute__((visibility("default"))) AOTITorchError aoti_torch_cpu_
   if (!operands(query, key, value, mask, aoti_torch_dtype_int8(), &qs, &ks, &vs, &ms, &qp, &kp, &vp, &mp, ret0, &out))
     return AOTI_TORCH_FAILURE;
   if (qs[0] == 0 || qs[1] == 0 || qs[2] == 0) return AOTI_TORCH_SUCCESS;
-  attend<int8_t>(static_cast<const float*>(qp), {static_cast<const int8_t*>(kp), kscale},
+  dispatch<int8_t>(static_cast<const float*>(qp), {static_cast<const int8_t*>(kp), kscale},
                  {static_cast<const int8_t*>(vp), vscale}, static_cast<const bool*>(mp), out, qs[0], qs[1], qs[2],
                  qs[3], ks[1], ks[2], vs[3], ms[0], static_cast<float>(scale));
   return AOTI_TORCH_SUCCESS;
