@@ -82,19 +82,7 @@ def _load_model(model: Any, quiet: bool, allow_requantize: bool = False) -> tupl
     import torch
     from transformers import AutoModelForCausalLM
 
-    from etsdk_hf_static.checkpoint import load_mapped
-
     _say(f"loading {directory}", quiet)
-    try:
-        mapped, why = load_mapped(directory)
-    except ExportError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - transformers refusing the config: the same one clear error as below
-        raise ExportError(f"transformers could not build a causal LM from {directory}: {type(exc).__name__}: {exc}") from exc
-    if mapped is not None:
-        _say(f"weights mapped from {', '.join(p.name for p in mapped.files)} ({format_bytes(mapped.mapped_bytes)}, no copy in memory)", quiet)
-        return mapped.model, directory, None
-    _say(f"weights read into memory: {why}", quiet)
     try:
         loaded = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
     except Exception as exc:  # noqa: BLE001 - e.g. SafetensorError from a damaged weights file: one clear error
