@@ -23,12 +23,13 @@ Last line: JSON with ``contexts``, ``filled_tokens_per_s`` (per S), ``full_token
 ``full_over_smallest``, ``filled_over_full`` (at the largest S), ``fill``, ``filled_fill_tokens_per_s``,
 ``full_fill_tokens_per_s`` (null without ``--fill``), ``int8_tokens_per_s``, ``int8_fill_tokens_per_s``,
 ``int8_over_float_fill`` (int8 caches over float32 ones after the long prompt: the issue's target is >= 1.3; null
-without ``--kv-int8``), ``llama_cpp_tokens_per_s`` and ``llama_cpp_fill_tokens_per_s`` (``{"f16": .., "q8_0":
+without ``--kv-int8``), ``quantize``, ``quantized_fill_tokens_per_s`` (``{"float32": .., "int8": ..}`` caches over
+``--quantize`` weights) and ``quantized_int8_over_float_fill`` (null without ``--quantize``), ``llama_cpp_tokens_per_s`` and ``llama_cpp_fill_tokens_per_s`` (``{"f16": .., "q8_0":
 ..}``, null without ``--llama-cpp``), ``read_gb_per_s``, ``fill_read_limit_tokens_per_s`` (``{"float32": ..,
 "int8": ..}`` cache), ``rounds``, ``parameters``.
 
-``--smoke``: a 1-layer model, S = 16 and 32, T = 4, 4 decode steps, one round, ``--kv-int8``: the same exports,
-runs and keys.
+``--smoke``: a 1-layer model, S = 16 and 32, T = 4, 4 decode steps, one round, ``--kv-int8 --quantize int8``:
+the same exports, runs and keys.
 """
 
 from __future__ import annotations
@@ -50,11 +51,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hf_static_decode import smollm2_135m_shape  # noqa: E402
 
 
-def _program(model: Any, workdir: Path, S: int, T: int, attention: str, kv_cache: str = "float32") -> HfStaticRunner:
-    path = workdir / f"S{S}-T{T}-{attention}{'-int8' if kv_cache == 'int8' else ''}.pte"
+def _program(
+    model: Any, workdir: Path, S: int, T: int, attention: str, kv_cache: str = "float32", quantize: str | None = None
+) -> HfStaticRunner:
+    weights = f"-{quantize.replace(':', '_')}" if quantize else ""
+    path = workdir / f"S{S}-T{T}-{attention}{'-int8' if kv_cache == 'int8' else ''}{weights}.pte"
     if not path.exists():
-        print(f"long_context: exporting S={S} ({attention}, {kv_cache} caches) ...", file=sys.stderr, flush=True)
-        export(model, path, backend="aoti", prefill_length=T, context_length=S, attention=attention, kv_cache=kv_cache,
+        import copy
+
+        from etsdk import QuantizationPlan
+
+        print(f"long_context: exporting S={S} ({attention}, {kv_cache} caches, {quantize or 'float32'} weights) ...",
+              file=sys.stderr, flush=True)
+        plan = QuantizationPlan.for_format(quantize) if quantize else None
+        export(copy.deepcopy(model) if plan else model, path, backend="aoti", prefill_length=T, context_length=S,
+               attention=attention, kv_cache=kv_cache, quantization=plan,
                partitioner_options={"EtsdkAotiBackend": {"device": "cpu"}}, quiet=True)
     return HfStaticRunner.from_file(path)
 
@@ -135,11 +146,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--kv-int8", action="store_true", help="also an int8-cache program at the largest S")
     parser.add_argument("--llama-cpp", action="store_true", help="also llama.cpp on the same weights at the largest S")
+    parser.add_argument(
+        "--quantize", default=None, metavar="FORMAT",
+        help="with --kv-int8: also both caches at the largest S over weights in FORMAT (etsdk export --quantize)",
+    )
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--smoke", action="store_true", help="smallest sizes, one round, same keys")
     args = parser.parse_args()
     if args.smoke:
         args.contexts, args.prompt, args.new, args.rounds, args.fill, args.kv_int8 = "16,32", 4, 4, 1, 20, True
+        args.quantize = args.quantize or "int8"
     contexts = sorted(int(c) for c in args.contexts.split(","))
     largest = contexts[-1]
     if args.fill is not None and not args.prompt <= args.fill <= largest - args.new:
@@ -158,6 +174,9 @@ def main() -> None:
     runners[("full", largest)] = _program(model, workdir, largest, T, "full")
     if args.kv_int8:
         runners[("int8", largest)] = _program(model, workdir, largest, T, "auto", "int8")
+    if args.kv_int8 and args.quantize:
+        runners[("qfilled", largest)] = _program(model, workdir, largest, T, "auto", "float32", args.quantize)
+        runners[("qint8", largest)] = _program(model, workdir, largest, T, "auto", "int8", args.quantize)
     llama = _LlamaCpp(model, workdir, largest, T) if args.llama_cpp else None
     step_bytes = {
         dtype: _step_bytes(model, runners[(mode, largest)], args.fill or T)
@@ -169,7 +188,7 @@ def main() -> None:
     prompt = torch.randint(3, vocab, (T,), generator=generator).tolist()
     long_prompt = torch.randint(3, vocab, (args.fill,), generator=generator).tolist() if args.fill else None
     speeds: dict[tuple[str, int], list[float]] = {key: [] for key in runners}
-    fill_modes = [mode for mode in ("filled", "full", "int8") if (mode, largest) in runners]
+    fill_modes = [mode for mode in ("filled", "full", "int8", "qfilled", "qint8") if (mode, largest) in runners]
     fill_speeds: dict[str, list[float]] = {mode: [] for mode in fill_modes}
     caches = tuple(llama.contexts) if llama is not None else ()
     llama_speeds: dict[str, list[float]] = {cache: [] for cache in caches}
@@ -213,6 +232,11 @@ def main() -> None:
         "int8_tokens_per_s": median.get(("int8", largest)),
         "int8_fill_tokens_per_s": fill_median.get("int8"),
         "int8_over_float_fill": fill_median["int8"] / fill_median["filled"] if "int8" in fill_median else None,
+        "quantize": args.quantize,
+        "quantized_fill_tokens_per_s": (
+            {"float32": fill_median["qfilled"], "int8": fill_median["qint8"]} if "qint8" in fill_median else None
+        ),
+        "quantized_int8_over_float_fill": fill_median["qint8"] / fill_median["qfilled"] if "qint8" in fill_median else None,
         "llama_cpp_tokens_per_s": {c: statistics.median(v) for c, v in llama_speeds.items()} if caches else None,
         "llama_cpp_fill_tokens_per_s": {c: statistics.median(v) for c, v in llama_fill.items()} if caches and long_prompt else None,
         "read_gb_per_s": read_gb_per_s,
