@@ -54,7 +54,7 @@ from hf_static_decode import smollm2_135m_shape  # noqa: E402
 def _program(
     model: Any, workdir: Path, S: int, T: int, attention: str, kv_cache: str = "float32", quantize: str | None = None
 ) -> HfStaticRunner:
-    weights = f"-{quantize.replace(':', '_')}" if quantize else ""
+    weights = f"-w{quantize.replace(':', '_')}" if quantize else ""
     path = workdir / f"S{S}-T{T}-{attention}{'-int8' if kv_cache == 'int8' else ''}{weights}.pte"
     if not path.exists():
         import copy

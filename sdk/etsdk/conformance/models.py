@@ -98,3 +98,25 @@ class QuantizedMlp(torch.nn.Module):
 
     def get_output_embeddings(self) -> torch.nn.Module:
         return self.head
+
+
+class FilledAttention(torch.nn.Module):
+    """``etsdk::attention`` in both of its forms over a cache of 40 rows (grouped heads of 64 values): float32
+    keys / values, and the same rows as int8 with a scale per row. Inputs: the query and the boolean mask."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from etsdk._ops.attention import quantize_rows
+
+        generator = torch.Generator().manual_seed(16)
+        keys, values = (torch.randn(1, 2, 40, 64, generator=generator) for _ in range(2))
+        (k8, ks), (v8, vs) = quantize_rows(keys), quantize_rows(values)
+        for name, tensor in (("k", keys), ("v", values), ("k8", k8), ("ks", ks), ("v8", v8), ("vs", vs)):
+            self.register_buffer(name, tensor)
+
+    def forward(self, query: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        attention = torch.ops.etsdk.attention
+        return (
+            attention(query, self.k, self.v, mask, 0.125),
+            attention(query, self.k8, self.v8, mask, 0.125, self.ks, self.vs),
+        )

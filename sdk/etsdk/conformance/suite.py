@@ -15,7 +15,7 @@ Each test's first docstring line names the behaviour; a failure message starts w
 not apply are skipped with the reason: a capability the backend does not declare
 (``Capability.CALLER_OWNED_STATE``), a behaviour that needs a second backend when the one under test is the
 reference backend itself, quantized weights when the backend declares no weight format
-(``BackendSpec.weight_formats``), or, with a companion backend (``--etsdk-companion ID``, the
+(``BackendSpec.weight_formats``), filled attention when it does not declare ``Capability.FILLED_ATTENTION``, or, with a companion backend (``--etsdk-companion ID``, the
 ``etsdk_companion`` fixture), a model of which the backend under test claims no operator.
 """
 
@@ -37,6 +37,7 @@ __all__ = [
     "test_bad_inputs_refused_before_execution",
     "test_bad_inputs_with_state_leave_it_unchanged",
     "test_exports_and_runs_like_eager",
+    "test_filled_attention_like_eager",
     "test_fresh_load_starts_from_initial_state",
     "test_mutated_payloads_never_crash",
     "test_persistence_check",
@@ -181,6 +182,22 @@ def test_user_outputs_land_in_their_slots(kit: Kit) -> None:
     want = model(x)
     for index, (g, w) in enumerate(zip(got, want)):
         _close(g, w, f"binding order: output {index} is not the model's output {index} (swapped outputs?)")
+
+
+def test_filled_attention_like_eager(kit: Kit) -> None:
+    """filled attention: etsdk::attention over float32 and over int8 rows computes the operator's reference"""
+    from etsdk.conformance.models import FilledAttention
+
+    if not kit.has(Capability.FILLED_ATTENTION):
+        pytest.skip(f"{kit.backend_id} does not declare Capability.FILLED_ATTENTION")
+    model = FilledAttention().eval()
+    query = torch.randn(1, 4, 2, 64, generator=torch.Generator().manual_seed(17))
+    mask = torch.zeros(1, 1, 2, 40, dtype=torch.bool)
+    mask[0, 0, 0, :23], mask[0, 0, 1, 5:24] = True, True  # rows 24 .. 39 seen by no query
+    program = etsdk.load(kit.one_method("filled-attention", model, (query, mask), (kit.backend_id,)).path)
+    _claims(kit, program, "forward", "filled attention")
+    for index, (got, want) in enumerate(zip(program.run("forward", query, mask), model(query, mask))):
+        _close(got, want, f"filled attention ({'int8' if index else 'float32'} rows)")
 
 
 #: The formats the quantized-weights behaviour tries, each one the backend declares (int8 first: the commonest).
