@@ -22,6 +22,7 @@ from typing import Any
 
 import etsdk
 from etsdk import (
+    Capability,
     Contract,
     ExportError,
     ExportRequest,
@@ -251,6 +252,13 @@ def export(
     wanted(attention, list(chosen.values()))  # a wrong mode or a backend that cannot: refused before loading
     if kv_cache not in CACHE_DTYPES:
         raise ExportError(f"kv_cache must be one of {', '.join(CACHE_DTYPES)}, found {kv_cache!r}")
+    if kv_cache == "int8":  # the int8 form of etsdk::attention is part of what FILLED_ATTENTION promises
+        lacking = sorted({b for b in chosen.values() if Capability.FILLED_ATTENTION not in etsdk.get_backend(b).capabilities})
+        if lacking:
+            raise ExportError(
+                f"kv_cache='int8' needs every backend to compute attention over int8 cache rows "
+                f"({Capability.FILLED_ATTENTION.value}); {', '.join(lacking)} does not declare it (use kv_cache='float32')"
+            )
     loaded, directory, gguf_tokenizer = _load_model(model, quiet, allow_requantize)
     filled = wanted(attention, list(chosen.values()), loaded)
     if quantization is not None:

@@ -44,3 +44,14 @@ def test_ring_caches_shared_by_tensorrt_prefill_and_aoti_decode_generate_transfo
         with torch.no_grad():
             got = runner.new_conversation().generate(prompt, max_new_tokens=NEW, stop_at_eos=False)
         assert list(got.token_ids) == want, f"prompt of {length}"
+
+
+def test_int8_caches_through_tensorrt_are_refused_before_the_model_loads(tmp_path: Path) -> None:
+    result = etsdk_cli(
+        "export", "--model", str(tmp_path / "no-model-needed"), "--prefill-backend", "tensorrt", "--decode-backend",
+        "aoti", "--kv-cache", "int8", "-o", str(tmp_path / "m.pte"), cache=tmp_path / "engines",
+    )
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert "kv_cache='int8' needs every backend to compute attention over int8 cache rows (filled_attention); " \
+        "EtsdkTensorRTBackend does not declare it" in result.stderr, result.stderr[-2000:]
+    assert not (tmp_path / "m.pte").exists()
