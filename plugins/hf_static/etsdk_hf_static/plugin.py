@@ -1,7 +1,7 @@
 """Registration of etsdk-hf-static (imports nothing heavy).
 
-The ``hf_static`` v1 contract itself is data shipped with the core
-(``contracts/hf_static/1.json``); this plugin provides its runner and its
+The ``hf_static`` contracts (v1, v2 with sliding-window layers, v3 with int8 caches) are data shipped with the
+core (``contracts/hf_static/<version>.json``); this plugin provides their runner and their
 exporter, and the command-line application over them: ``etsdk export``,
 ``etsdk generate`` and ``etsdk chat`` (:mod:`etsdk_hf_static.commands`).
 """
@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from etsdk import ExportRequest, Program
 
     from etsdk_hf_static.runner import HfStaticRunner
+
+from etsdk_hf_static.metadata import SUPPORTED_VERSIONS  # noqa: E402  (imports only etsdk's contract types)
 
 ETSDK_PLUGIN_API = ">=2,<3"
 
@@ -40,7 +42,7 @@ def etsdk_register_runners() -> list[RunnerSpec]:
         RunnerSpec(
             contract="hf_static",
             factory=_runner,
-            versions=(1,),
+            versions=SUPPORTED_VERSIONS,  # v1 full attention, v2 sliding windows, v3 int8 caches
             exporter=_exporter,
             description="Hugging Face static-cache causal LMs: export, prefill/decode IO manager, sampling",
         )

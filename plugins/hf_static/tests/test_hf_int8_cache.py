@@ -217,3 +217,24 @@ def test_an_unknown_cache_dtype_is_refused_before_the_model_loads(tmp_path: Path
 
     with pytest.raises(ExportError, match=r"kv_cache must be one of float32, int8, found 'int4'"):
         export(tmp_path / "no-such-model", tmp_path / "model.pte", kv_cache="int4", quiet=True)
+
+
+@pytest.mark.parametrize(("architecture", "flags", "version"), [("mistral", [], 2), ("llama", ["--kv-cache", "int8"], 3)])
+def test_etsdk_export_and_generate_drive_v2_and_v3_programs(
+    architecture: str, flags: list[str], version: int, tmp_path: Path
+) -> None:
+    """The command line, as a user runs it: a sliding-window model (v2) and int8 caches (v3) export and generate."""
+    from etsdk_hf_static.tiny import save_tiny_model
+    from test_hf_generate_cli import _etsdk, _json
+
+    directory = save_tiny_model(tmp_path / "model", architecture, seed=1, **({"window": WINDOW} if version == 2 else {}))
+    out = tmp_path / "model.pte"
+    result = _etsdk("export", "--model", str(directory), "--backend", "reference", "--prefill-length", str(T),
+                    "--context-length", str(S), "-o", str(out), *flags)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"hf_static v{version}" in result.stderr, result.stderr[-3000:]
+    prompt = prompt_of(T + 3, seed=2)
+    got = _json("generate", str(out), "--prompt-ids", ",".join(map(str, prompt)), "--max-new-tokens", "6", "--ignore-eos")
+    runner = HfStaticRunner.from_file(out)
+    assert runner.metadata.version == version
+    assert got["token_ids"] == list(runner.generate(prompt, max_new_tokens=6, stop_at_eos=False).token_ids)
