@@ -78,8 +78,9 @@ def _method_input(method: str, name: str, **changes: Any) -> Callable[[Contract]
 RECORD_CASES: list[tuple[str, Callable[[Contract], Any], type[Exception], str]] = [
     ("no record", lambda r: None, MetadataError, "embeds no contract record"),
     ("other contract", _record(name="kv_decoder"), MetadataError, "found contract 'kv_decoder'"),
-    ("unknown contract version", _record(version=3), MetadataError, "version 3 is not supported"),
+    ("unknown contract version", _record(version=4), MetadataError, "version 4 is not supported"),
     ("v1 metadata under version 2", _record(version=2), MetadataError, "metadata.format: expected 2, found 1"),
+    ("v1 metadata under version 3", _record(version=3), MetadataError, "metadata.format: expected 3, found 1"),
     ("missing metadata", _record(metadata={}), MetadataError, "lacks its 'hf_static' metadata"),
     ("metadata not an object", _record(metadata={"hf_static": "S=31"}), MetadataError, "found str"),
     ("unknown metadata field", _meta(rope="yarn"), MetadataError, "unknown field(s) rope"),
