@@ -37,4 +37,4 @@ def test_scaffolded_backend_installs_exports_runs_and_passes_the_kit(tmp_path: P
     assert tests.returncode == 0, tests.stdout[-4000:] + tests.stderr[-2000:]
     results = json.loads(report.read_text())["results"]
     assert {r["outcome"] for r in results} == {"passed"}, [r for r in results if r["outcome"] != "passed"]
-    assert len(results) == 16  # 14 behaviours, the stateful bad-inputs one and quantized weights
+    assert len(results) == 17  # 14 behaviours, the stateful bad-inputs one, quantized weights and filled attention
