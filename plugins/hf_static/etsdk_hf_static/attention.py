@@ -30,6 +30,7 @@ __all__ = [
     "filled_attention",
     "forget_int8",
     "int8_operands",
+    "lacking_filled_attention",
     "remember_int8",
     "unsupported_attention",
     "wanted",
@@ -91,6 +92,11 @@ def _forward(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.T
     return out.transpose(1, 2).contiguous(), None
 
 
+def lacking_filled_attention(backends: Sequence[str]) -> list[str]:
+    """The backends (ids) among ``backends`` that do not declare ``Capability.FILLED_ATTENTION``, sorted."""
+    return sorted({b for b in backends if Capability.FILLED_ATTENTION not in get_backend(b).capabilities})
+
+
 def wanted(mode: str, backends: Sequence[str], model: Any = None) -> bool:
     """Whether an export with ``mode`` over ``backends`` (ids) of ``model`` bounds attention by its mask."""
     if mode not in ATTENTION_MODES:
@@ -102,7 +108,7 @@ def wanted(mode: str, backends: Sequence[str], model: Any = None) -> bool:
         if mode == "filled":
             raise ExportError(f"attention='filled': {type(model).__name__} cannot use etsdk::attention: {why} (use 'full' or 'auto')")
         return False
-    lacking = sorted({b for b in backends if Capability.FILLED_ATTENTION not in get_backend(b).capabilities})
+    lacking = lacking_filled_attention(backends)
     if mode == "filled" and lacking:
         raise ExportError(
             f"attention='filled' needs every backend to claim etsdk::attention; {', '.join(lacking)} does not "

@@ -33,13 +33,13 @@ from etsdk import (
     format_bytes,
 )
 
-from etsdk_hf_static.attention import filled_attention, wanted
+from etsdk_hf_static.attention import filled_attention, lacking_filled_attention, wanted
 from etsdk_hf_static.metadata import (
-    CACHE_DTYPES,
     CONTRACT_NAME,
     METADATA_FORMAT_V2,
     METADATA_FORMAT_V3,
     HfStaticMetadata,
+    check_cache_dtype,
     ring_rows,
 )
 from etsdk_hf_static.module import StaticCausalLM, WindowedCausalLM, causal_mask, layer_kinds, slot_mask, state_fqns
@@ -134,8 +134,7 @@ def default_sizes(config: Any, prefill_length: int | None = None, context_length
 def metadata_for(model: Any, prefill_length: int, context_length: int, cache_dtype: str = "float32") -> HfStaticMetadata:
     """The metadata record of ``model`` exported with T = ``prefill_length``, S = ``context_length`` and caches of
     ``cache_dtype`` (``"float32"``, or ``"int8"``: version 3)."""
-    if cache_dtype not in CACHE_DTYPES:
-        raise ExportError(f"kv_cache must be one of {', '.join(CACHE_DTYPES)}, found {cache_dtype!r}")
+    check_cache_dtype(cache_dtype)
     config = model.config.get_text_config()
     heads = config.num_attention_heads
     if prefill_length <= 0 or context_length <= 0:
@@ -250,10 +249,8 @@ def export(
         "decode": etsdk.resolve_backend_id(decode_backend or backend),
     }
     wanted(attention, list(chosen.values()))  # a wrong mode or a backend that cannot: refused before loading
-    if kv_cache not in CACHE_DTYPES:
-        raise ExportError(f"kv_cache must be one of {', '.join(CACHE_DTYPES)}, found {kv_cache!r}")
-    if kv_cache == "int8":  # the int8 form of etsdk::attention is part of what FILLED_ATTENTION promises
-        lacking = sorted({b for b in chosen.values() if Capability.FILLED_ATTENTION not in etsdk.get_backend(b).capabilities})
+    if check_cache_dtype(kv_cache) == "int8":  # the int8 form of etsdk::attention is part of what FILLED_ATTENTION promises
+        lacking = lacking_filled_attention(list(chosen.values()))
         if lacking:
             raise ExportError(
                 f"kv_cache='int8' needs every backend to compute attention over int8 cache rows "

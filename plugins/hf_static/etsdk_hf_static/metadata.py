@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from etsdk import Contract, ContractError
+from etsdk import Contract, ContractError, ExportError
 
 __all__ = [
     "CONTRACT_NAME",
@@ -33,6 +33,7 @@ __all__ = [
     "MASK_CONVENTION",
     "SUPPORTED_VERSIONS",
     "WINDOW",
+    "check_cache_dtype",
     "HfStaticMetadata",
     "MetadataError",
     "read_metadata",
@@ -49,6 +50,13 @@ METADATA_FORMAT_V2 = 2
 METADATA_FORMAT_V3 = 3
 #: what a cache may hold: the model's float32 values (versions 1 and 2), or int8 rows with a scale each (version 3)
 CACHE_DTYPES = ("float32", "int8")
+
+
+def check_cache_dtype(cache_dtype: str) -> str:
+    """``cache_dtype`` when a cache may hold it (:data:`CACHE_DTYPES`), else an :class:`etsdk.ExportError`."""
+    if cache_dtype not in CACHE_DTYPES:
+        raise ExportError(f"kv_cache must be one of {', '.join(CACHE_DTYPES)}, found {cache_dtype!r}")
+    return cache_dtype
 FULL, WINDOW = "full", "window"
 #: ``mask[0, 0, i, j]`` is True where row ``i`` may attend to cache row ``j``.
 MASK_CONVENTION = "bool_true_visible"

@@ -237,8 +237,9 @@ class WindowedCausalLM(torch.nn.Module):
         self, model: Any, context_length: int, ring_rows: int | None, kinds: tuple[str, ...], cache_dtype: str = "float32"
     ) -> None:
         super().__init__()
-        if cache_dtype not in ("float32", "int8"):
-            raise ExportError(f"an hf_static cache holds float32 or int8 rows, found cache dtype {cache_dtype!r}")
+        from etsdk_hf_static.metadata import check_cache_dtype
+
+        check_cache_dtype(cache_dtype)
         config = model.config.get_text_config()
         self.model = model
         heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
