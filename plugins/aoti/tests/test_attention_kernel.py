@@ -150,3 +150,28 @@ def test_common_head_sizes_and_long_conversations_take_the_blocked_paths(head_di
         scales = (ks, vs)
     out = kernels.attention(q, k, v, mask, 0.2, *scales)
     torch.testing.assert_close(out, ATTENTION(q, k, v, mask, 0.2, *scales), rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("int8", [False, True])
+def test_a_prefill_shaped_call_takes_its_query_rows_in_batches(head_dim: int, int8: bool) -> None:
+    """A prefill chunk: 41 query rows per head, 3 heads per key / value head (123 query rows reading each key /
+    value row: batches of 16, the last partial, outputs summed 4 or 2 at a time with a remainder), under a causal
+    mask that leaves the early rows seeing nothing of the last chunk of 256 rows, over two batch entries with
+    masks of their own."""
+    from etsdk.backend import ATTENTION, quantize_rows
+
+    g = torch.Generator().manual_seed(head_dim + int8)
+    q = torch.randn(2, 6, 41, head_dim, generator=g)
+    k = torch.randn(2, 2, 640, head_dim, generator=g)
+    v = torch.randn(2, 2, 640, head_dim, generator=g)
+    mask = torch.zeros(2, 1, 41, 640, dtype=torch.bool)
+    for row in range(41):
+        mask[0, 0, row, : 400 + 5 * row] = True  # rows before 23 see nothing of rows 512 ..
+        mask[1, 0, row, 3 * row : 200 + 10 * row] = True
+    scales: tuple[torch.Tensor, ...] = ()
+    if int8:
+        (k, ks), (v, vs) = quantize_rows(k), quantize_rows(v)
+        scales = (ks, vs)
+    out = kernels.attention(q, k, v, mask, 0.2, *scales)
+    torch.testing.assert_close(out, ATTENTION(q, k, v, mask, 0.2, *scales), rtol=2e-5, atol=2e-5)

@@ -15,7 +15,10 @@
 // Only rows 0 .. n-1 of key and value are read, n being one past the last column any query row
 // sees: an LLM's decode step over a static cache of S rows costs what the conversation holds,
 // not S. Work is split over (batch, key / value head, chunk of 256 rows) with OpenMP (torch's runtime, as the
-// other kernels), the chunks of each query row combined after (flash-decoding's split).
+// other kernels), the chunks of each query row combined after (flash-decoding's split). With AVX-512 and heads of
+// 64 or 128 values, a task reads each key / value row once for all the query rows that see it (the group of a
+// grouped-query model): int8 rows are widened once, not once per query head, which is what makes an int8 cache
+// cheaper to attend over than a float32 one, not only smaller.
 // Every tensor is checked (dtype, rank, sizes, contiguity) and a mismatch fails the call; a query
 // row that sees nothing gets zeros (the exporters never make one).
 
@@ -149,28 +152,176 @@ inline void dots_fixed(const float* q, const T* rows, int64_t count, float* scor
   for (; j < count; ++j) scores[j] = dot_fixed<T, D>(q, rows + j * D);
 }
 
-// out[0 .. D) = sum over rows j of w[j] * rows[j] (w already scaled), accumulated in registers.
+// out[0 .. D) = sum over rows j of w[j] * rows[j] (w already scaled): the path of builds without AVX-512.
 template <typename T, int64_t D>
 inline void weighted_sum_fixed(const float* w, const T* rows, int64_t count, float* out) {
-#if defined(__AVX512F__)
-  __m512 acc[D / 16];
-  for (int64_t c = 0; c < D / 16; ++c) acc[c] = _mm512_setzero_ps();
-  for (int64_t j = 0; j < count; ++j) {
-    const __m512 wj = _mm512_set1_ps(w[j]);
-    const T* r = rows + j * D;
-    for (int64_t c = 0; c < D / 16; ++c) acc[c] = _mm512_fmadd_ps(wj, load16(r + 16 * c), acc[c]);
-  }
-  for (int64_t c = 0; c < D / 16; ++c) _mm512_storeu_ps(out + 16 * c, acc[c]);
-#else
   for (int64_t e = 0; e < D; ++e) out[e] = 0.f;
   for (int64_t j = 0; j < count; ++j)
     for (int64_t e = 0; e < D; ++e) out[e] += w[j] * static_cast<float>(rows[j * D + e]);
-#endif
 }
+
+#if defined(__AVX512F__)
+// exp(x) for x <= 0, sixteen at a time: exp_nonpositive's arithmetic in registers (the compiler does not vectorize
+// that loop: the float -> int conversion and the bit cast stop it). NaN stays NaN.
+inline __m512 exp_nonpositive16(__m512 x) {
+  const __m512 t = _mm512_mul_ps(_mm512_max_ps(_mm512_set1_ps(-87.f), x), _mm512_set1_ps(1.4426950408889634f));
+  const __m512 whole = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, whole);
+  __m512 p = _mm512_set1_ps(2.1702154e-4f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.2439680e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6788472e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5483337e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022985e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314700e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(whole), _mm512_set1_epi32(127)), 23);
+  const __m512 r = _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+  return _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.f), _CMP_LT_OQ), _mm512_setzero_ps());
+}
+
+// The first `count` of sixteen lanes.
+inline __mmask16 lanes(int64_t count) {
+  return count >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << count) - 1u);
+}
+
+// How far ahead (rows) a task asks for its key / value rows.
+constexpr int64_t kAhead = 48;
+
+// Asks for rows [0, count) of D values to be brought into the cache (ahead of their use: the chunks of a task are
+// short streams, too short for the hardware prefetcher to run ahead of the arithmetic).
+template <typename T, int64_t D>
+inline void prefetch_rows(const T* rows, int64_t count) {
+  const char* first = reinterpret_cast<const char*>(rows);
+  if (sizeof(T) != 1) return;
+  for (int64_t byte = 0; byte < count * D * static_cast<int64_t>(sizeof(T)); byte += 64)
+    _mm_prefetch(first + byte, _MM_HINT_T0);
+}
+
+// Rows [0, count) as float32 rows of D values: float rows as they are; int8 rows widened into `buffer` (count <= 16:
+// 4 or 8 KiB, which stays in the L1 while every query row of the group reads it).
+template <int64_t D>
+inline const float* widened(const float* rows, int64_t, float*) {
+  return rows;
+}
+template <int64_t D>
+inline const float* widened(const int8_t* rows, int64_t count, float* buffer) {
+  for (int64_t i = 0; i < count * D; i += 16) _mm512_store_ps(buffer + i, load16(rows + i));
+  return buffer;
+}
+
+// out[i][0 .. D) += sum over rows j of w[i][j] * rows[j] for N query rows i at once: each row is loaded (an int8 row
+// widened) once for all N, and their outputs stay in registers (N * D / 16 of them: 16 for N = 4, D = 64).
+template <typename T, int64_t D, int N>
+inline void weighted_sums(const float* const* w, const T* rows, int64_t count, float* const* out) {
+  __m512 acc[N][D / 16];
+  for (int i = 0; i < N; ++i)
+    for (int64_t c = 0; c < D / 16; ++c) acc[i][c] = _mm512_loadu_ps(out[i] + 16 * c);
+  for (int64_t j = 0; j < count; ++j) {
+    if (j + kAhead < count) prefetch_rows<T, D>(rows + (j + kAhead) * D, 1);
+    __m512 x[D / 16];
+    for (int64_t c = 0; c < D / 16; ++c) x[c] = load16(rows + j * D + 16 * c);
+    for (int i = 0; i < N; ++i) {
+      const __m512 wj = _mm512_set1_ps(w[i][j]);
+      for (int64_t c = 0; c < D / 16; ++c) acc[i][c] = _mm512_fmadd_ps(wj, x[c], acc[i][c]);
+    }
+  }
+  for (int i = 0; i < N; ++i)
+    for (int64_t c = 0; c < D / 16; ++c) _mm512_storeu_ps(out[i] + 16 * c, acc[i][c]);
+}
+
+// Query rows weighted_sums takes at once: their outputs fill 16 registers.
+template <int64_t D>
+constexpr int kSums = D == 64 ? 4 : 2;
+
+// Query rows a task takes together: their scores (kQueries x kChunk floats, 16 KiB) stay in the L1 / L2.
+constexpr int64_t kQueries = 16;
+#endif
 
 // Rows per task: a chunk's key and value rows stay in the core's cache while every query head of the group
 // reads them, and a long conversation splits into many tasks however few heads the model has.
 constexpr int64_t kChunk = 256;
+
+#if defined(__AVX512F__)
+// One task of attend() for a head size D fixed at compile time: its chunk of key / value rows is read in blocks of
+// 16 rows, each block once (int8 rows widened once) for up to kQueries query rows at a time, not once per query row
+// (a decode step of a model with grouped heads has group query rows per key / value head). Writes the partial
+// softmax of every query row (its maximum, its sum of exp, its unnormalised output) into the task's slots.
+template <typename T, int64_t D>
+void chunk_blocked(const float* q, Rows<T> k, Rows<T> v, const bool* m, float* part_max, float* part_sum,
+                   float* part_out, float* scores, float* widen, int64_t task, int64_t b, int64_t hk, int64_t first,
+                   int64_t rows, int64_t head, int64_t group, int64_t queries, int64_t Hq, int64_t L, int64_t S,
+                   int64_t MB, float s) {
+  const float* kscale = k.scale ? k.scale + head + first : nullptr;
+  const float* vscale = v.scale ? v.scale + head + first : nullptr;
+  for (int64_t q0 = 0; q0 < queries; q0 += kQueries) {
+    const int64_t nq = std::min(kQueries, queries - q0);
+    auto query_row = [&](int64_t i) {
+      const int64_t query = q0 + i, h = hk * group + query / L, l = query % L;
+      return q + ((b * Hq + h) * L + l) * D;
+    };
+    // scores of every query row against the chunk
+    for (int64_t j = 0; j < rows; j += 16) {
+      const int64_t count = std::min<int64_t>(16, rows - j);
+      const int64_t ahead = std::min<int64_t>(16, std::max<int64_t>(0, rows - j - kAhead));
+      prefetch_rows<T, D>(k.data + (head + first + j + kAhead) * D, ahead);
+      const float* block = widened<D>(k.data + (head + first + j) * D, count, widen);
+      for (int64_t i = 0; i < nq; ++i) dots_fixed<float, D>(query_row(i), block, count, scores + i * kChunk + j);
+    }
+    // per query row: scaled, masked, its maximum, then exp and sum; the weights carry the value rows' scales
+    for (int64_t i = 0; i < nq; ++i) {
+      const int64_t query = q0 + i, l = query % L;
+      const size_t slot = static_cast<size_t>(task * queries + query);
+      const bool* mr = m + ((MB == 1 ? 0 : b) * L + l) * S + first;
+      float* sc = scores + i * kChunk;
+      float* o = part_out + slot * D;
+      for (int64_t e = 0; e < D; e += 16) _mm512_storeu_ps(o + e, _mm512_setzero_ps());
+      __m512 best = _mm512_set1_ps(-INFINITY);
+      for (int64_t j = 0; j < rows; j += 16) {
+        const __mmask16 in = lanes(rows - j);
+        __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(in, sc + j), _mm512_set1_ps(s));
+        if (kscale) x = _mm512_mul_ps(x, _mm512_maskz_loadu_ps(in, kscale + j));
+        const __m128i visible = _mm_maskz_loadu_epi8(in, mr + j);
+        // a masked row weighs nothing, whatever it holds
+        x = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), _mm_test_epi8_mask(visible, visible) & in, x);
+        _mm512_mask_storeu_ps(sc + j, in, x);
+        best = _mm512_max_ps(best, x);
+      }
+      const float top = _mm512_reduce_max_ps(best);
+      part_max[slot] = top;
+      part_sum[slot] = 0.f;
+      if (top == -INFINITY) {  // sees nothing in this chunk: weighs nothing (its output stays zero)
+        for (int64_t j = 0; j < rows; j += 16) _mm512_mask_storeu_ps(sc + j, lanes(rows - j), _mm512_setzero_ps());
+        continue;
+      }
+      __m512 total = _mm512_setzero_ps();
+      for (int64_t j = 0; j < rows; j += 16) {
+        const __mmask16 in = lanes(rows - j);
+        const __m512 e = _mm512_maskz_mov_ps(in, exp_nonpositive16(_mm512_sub_ps(_mm512_maskz_loadu_ps(in, sc + j), _mm512_set1_ps(top))));
+        total = _mm512_add_ps(total, e);
+        _mm512_mask_storeu_ps(sc + j, in, vscale ? _mm512_mul_ps(e, _mm512_maskz_loadu_ps(in, vscale + j)) : e);
+      }
+      part_sum[slot] = _mm512_reduce_add_ps(total);
+    }
+    // the weighted sum of the value rows, each row read once for every kSums query rows
+    const T* value_rows = v.data + (head + first) * D;
+    for (int64_t i = 0; i < nq; i += kSums<D>) {
+      const float* w[kSums<D>];
+      float* o[kSums<D>];
+      const int n = static_cast<int>(std::min<int64_t>(kSums<D>, nq - i));
+      for (int t = 0; t < n; ++t) {
+        w[t] = scores + (i + t) * kChunk;
+        o[t] = part_out + static_cast<size_t>(task * queries + q0 + i + t) * D;
+      }
+      switch (n) {
+        case 4: weighted_sums<T, D, 4>(w, value_rows, rows, o); break;
+        case 3: weighted_sums<T, D, 3>(w, value_rows, rows, o); break;
+        case 2: weighted_sums<T, D, 2>(w, value_rows, rows, o); break;
+        default: weighted_sums<T, D, 1>(w, value_rows, rows, o); break;
+      }
+    }
+  }
+}
+#endif
 
 // The attention itself, shared by both forms: q [B, Hq, L, E], mask [MB, 1, L, S], out [B, Hq, L, Ev].
 // Each task takes one key / value head and a chunk of its rows, and for every query row of the heads that read
@@ -204,12 +355,24 @@ void attend(const float* q, Rows<T> k, Rows<T> v, const bool* m, float* out, int
 
 #pragma omp parallel
   {
+#if defined(__AVX512F__)
+    std::vector<float> scores(static_cast<size_t>(kQueries * kChunk));
+    alignas(64) float widen[16 * (D > 0 ? D : 16)];  // a block of int8 rows as floats
+#else
     std::vector<float> scores(static_cast<size_t>(kChunk));
+#endif
 #pragma omp for schedule(static)
     for (int64_t task = 0; task < B * H * chunks; ++task) {
       const int64_t c = task % chunks, bhk = task / chunks, b = bhk / H, hk = bhk % H;
       const int64_t first = c * kChunk, rows = std::min(n, first + kChunk) - first;
       const int64_t head = (b * H + hk) * S;  // first row of this key / value head
+#if defined(__AVX512F__)
+      if constexpr (D > 0) {
+        chunk_blocked<T, D>(q, k, v, m, part_max.data(), part_sum.data(), part_out.data(), scores.data(), widen,
+                            task, b, hk, first, rows, head, group, queries, Hq, L, S, MB, s);
+        continue;
+      }
+#endif
       for (int64_t query = 0; query < queries; ++query) {
         const int64_t h = hk * group + query / L, l = query % L;
         const float* qr = q + ((b * Hq + h) * L + l) * E;
