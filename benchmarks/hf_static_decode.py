@@ -30,8 +30,10 @@ Q8_0), for float32 F32; same threads, prompt, greedy steps (llama.cpp's ``eval``
 (``etsdk_vs_etsdk_float_decode``: the quantized program's speed-up).
 
 ``limit``: the machine's weight-read limit, measured in the same run: one read of the model's weight bytes with
-the fastest kernel available (``torch.mv`` over one matrix holding the model's weight bytes, and ``F.linear`` over
-the model's own matrices; the faster one counts). A decode step must read every weight once, so
+the fastest kernel available (``torch.mv`` over one matrix holding the model's weight bytes, ``F.linear`` over
+the model's own matrices, and a sum of that matrix on every thread; the fastest counts: torch's CPU GEMV for one
+row runs on one thread, so before the sum was added the limit said what one thread reads, about a third of this
+machine's bandwidth). A decode step must read every weight once, so
 ``limit_steps_per_s`` bounds decode tokens/s, and ``<path>_fraction_of_limit`` = path tokens/s / limit steps/s.
 With ``--quantize`` / ``--gguf`` the limit counts the packed bytes: the float32 read's bytes per second times the
 quantized weights' bytes (``weight_bytes`` is then the quantized size, ``float_weight_bytes`` the float32 one).
@@ -217,6 +219,9 @@ class _WeightReadLimit:
     def linear(self) -> None:
         for w in self.weights:
             torch.nn.functional.linear(self.inputs[w.shape[1]], w)
+
+    def sum(self) -> None:
+        self.matrix.sum()
 
 
 class _Busy:
@@ -438,7 +443,8 @@ def main() -> None:
             reads = max(4, steps // 4)
             mv = _time(lambda: [limit.mv() for _ in range(reads)]) / reads
             linear = _time(lambda: [limit.linear() for _ in range(reads)]) / reads
-            return 0.0, 1.0 / min(mv, linear), 0.0
+            total = _time(lambda: [limit.sum() for _ in range(reads)]) / reads
+            return 0.0, 1.0 / min(mv, linear, total), 0.0
 
         peers["limit"] = run_limit
 

@@ -31,8 +31,9 @@ sections, in this order:
 
 Required features (a reader refuses any it does not know): ``aoti.container.v1`` always;
 ``aoti.state_inputs.v1`` when ``state_inputs`` is not empty; ``aoti.named_constants.v1`` when a constant has
-source "entry" or "derived"; ``aoti.kernels.qmm.v1`` when the library calls etsdk-aoti's quantized kernels
-(:mod:`etsdk_aoti.kernels`). Blobs of older layouts are refused with the advice to re-export: a constant with
+source "entry" or "derived"; ``aoti.kernels.qmm.v1``, ``aoti.kernels.attention.v1``,
+``aoti.kernels.attention_int8.v1`` and ``aoti.kernels.linear.v1`` when the library calls the corresponding
+kernel of etsdk-aoti's kernels library (:mod:`etsdk_aoti.kernels`). Blobs of older layouts are refused with the advice to re-export: a constant with
 source ``"state"`` (before ``aoti.state_inputs.v1``) or ``"weights"`` (a slot of one weights entry per
 delegate, before ``aoti.named_constants.v1``).
 
@@ -65,9 +66,13 @@ KERNELS_FEATURE = "aoti.kernels.qmm.v1"
 ATTENTION_FEATURE = "aoti.kernels.attention.v1"
 #: the library calls the int8-cache attention kernel (``aoti_torch_cpu_etsdk_attention_int8``)
 ATTENTION_INT8_FEATURE = "aoti.kernels.attention_int8.v1"
+#: the library calls the float32 few-row GEMV (``aoti_torch_cpu_etsdk_linear``, etsdk_aoti.float_linear)
+LINEAR_FEATURE = "aoti.kernels.linear.v1"
 #: constants read from their own named-data entries or derived at load (sources "entry" / "derived")
 NAMED_CONSTANTS_FEATURE = "aoti.named_constants.v1"
-KNOWN_FEATURES = frozenset({BLOB_FEATURE, STATE_INPUTS_FEATURE, NAMED_CONSTANTS_FEATURE, KERNELS_FEATURE, ATTENTION_FEATURE, ATTENTION_INT8_FEATURE})
+KNOWN_FEATURES = frozenset(
+    {BLOB_FEATURE, STATE_INPUTS_FEATURE, NAMED_CONSTANTS_FEATURE, KERNELS_FEATURE, ATTENTION_FEATURE, ATTENTION_INT8_FEATURE, LINEAR_FEATURE}
+)
 
 PRODUCER = "etsdk-aoti"
 CONFIG_SECTION = "config"
@@ -161,6 +166,13 @@ class AotiBlob:
     calls_attention: bool = False
     #: the library calls the int8-cache attention kernel (feature ``aoti.kernels.attention_int8.v1``)
     calls_attention_int8: bool = False
+    #: the library calls the float32 few-row GEMV (feature ``aoti.kernels.linear.v1``)
+    calls_linear: bool = False
+
+    @property
+    def calls_native(self) -> bool:
+        """Whether the library calls into etsdk-aoti's kernels library (which must be loaded first)."""
+        return self.calls_kernels or self.calls_attention or self.calls_attention_int8 or self.calls_linear
 
     def required_features(self) -> list[str]:
         features = [BLOB_FEATURE]
@@ -174,6 +186,8 @@ class AotiBlob:
             features.append(ATTENTION_FEATURE)
         if self.calls_attention_int8:
             features.append(ATTENTION_INT8_FEATURE)
+        if self.calls_linear:
+            features.append(LINEAR_FEATURE)
         return features
 
     @property
@@ -288,7 +302,7 @@ def decode(payload: memoryview | bytes, *, state_bindings: int | None = None) ->
     features = reader.required_features
     return AotiBlob(
         config, constants, library, calls_kernels=KERNELS_FEATURE in features, calls_attention=ATTENTION_FEATURE in features,
-        calls_attention_int8=ATTENTION_INT8_FEATURE in features,
+        calls_attention_int8=ATTENTION_INT8_FEATURE in features, calls_linear=LINEAR_FEATURE in features,
     )
 
 

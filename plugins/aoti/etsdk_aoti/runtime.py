@@ -105,7 +105,7 @@ class AotiBinding:
                 backend_id=BACKEND_ID,
             )
         assert isinstance(blob.library, memoryview)  # decode's zero-copy view, its hash checked
-        if blob.calls_kernels or blob.calls_attention or blob.calls_attention_int8:
+        if blob.calls_native:
             from etsdk_aoti import kernels
 
             kernels.load()  # the library calls into it: in the process's global scope before the library loads

@@ -43,6 +43,7 @@ from etsdk.backend import DelegateSignature, Partition, StateBinding, aten_name,
 from etsdk_aoti import blob_format, kernels, weights
 from etsdk_aoti.attention import kernel_attention, kernel_attention_int8, rewrite_attention
 from etsdk_aoti.blob_format import AotiBlob, Config, Constant, Derivation, Source, TensorView
+from etsdk_aoti.float_linear import kernel_linear, rewrite_float_linears
 from etsdk_aoti.library import ConstantKind, Library
 from etsdk_aoti.partitioner import DEVICE_SPEC, KERNEL_THREADS_SPEC
 from etsdk_aoti.quantized import Derived, check_device, rewrite_quantized
@@ -266,6 +267,10 @@ class Compiled:
     def calls_attention_int8(self) -> bool:
         return any(node.target is kernel_attention_int8 for node in self.module.graph.nodes if node.op == "call_function")
 
+    @property
+    def calls_linear(self) -> bool:
+        return any(node.target is kernel_linear for node in self.module.graph.nodes if node.op == "call_function")
+
 
 def compile_partition(
     edge_program: Any,
@@ -280,7 +285,8 @@ def compile_partition(
     ``weights``: the placeholders of the partition's constants (read in place, never copied per call).
     ``kernel_threads``: Inductor's ``cpp.threads`` for the generated CPU kernels (1: on the calling thread, so
     small decode kernels open no parallel region that a descheduled thread can stall; -1: the caller's team).
-    Quantized-weight calls are rewritten onto etsdk-aoti's kernels first (:mod:`etsdk_aoti.quantized`).
+    Quantized-weight calls, attention and few-row float32 products are rewritten onto etsdk-aoti's kernels first
+    (:mod:`etsdk_aoti.quantized`, :mod:`etsdk_aoti.attention`, :mod:`etsdk_aoti.float_linear`).
     """
     from torch.export.passes import move_to_device_pass
 
@@ -293,6 +299,7 @@ def compile_partition(
     module = program.module()
     derived = rewrite_quantized(module)
     rewrite_attention(module, device)
+    rewrite_float_linears(module, device)
     if states:
         example += tuple(values[binding.placeholder] for binding in states)
         module = state_as_inputs(module, states)
@@ -305,6 +312,8 @@ def compile_partition(
         shims[kernels.KERNEL_ATTENTION] = [kernels.ATTENTION_C_SHIM]
     if kernel_attention_int8 in targets:
         shims[kernels.KERNEL_ATTENTION_INT8] = [kernels.ATTENTION_INT8_C_SHIM]
+    if kernel_linear in targets:
+        shims[kernels.LINEAR] = [kernels.LINEAR_C_SHIM]
     if shims:
         options["aot_inductor.custom_ops_to_c_shims"] = shims
         kernels.load()  # the compiled library calls into it: loaded before the library is (to read its constants)
@@ -413,7 +422,7 @@ def preprocess(partition: Partition) -> bytes:
         )
         blob = AotiBlob(
             config, constants, compiled.library, calls_kernels=compiled.calls_kernels, calls_attention=compiled.calls_attention,
-            calls_attention_int8=compiled.calls_attention_int8,
+            calls_attention_int8=compiled.calls_attention_int8, calls_linear=compiled.calls_linear,
         )
         return blob_format.encode(blob)  # the library file is deleted below
     finally:

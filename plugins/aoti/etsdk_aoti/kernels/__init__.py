@@ -1,5 +1,9 @@
-"""etsdk-aoti's native kernels: ``etsdk_aoti::etsdk_qmm`` (quantized weights), ``etsdk_aoti::etsdk_attention``
-and ``etsdk_aoti::etsdk_attention_int8``.
+"""etsdk-aoti's native kernels: ``etsdk_aoti::etsdk_qmm`` (quantized weights), ``etsdk_aoti::etsdk_linear``
+(float32 weights times a few rows: decode), ``etsdk_aoti::etsdk_attention`` and ``etsdk_aoti::etsdk_attention_int8``.
+
+``etsdk_linear`` (``gemv.cpp``) is ``x @ w.T + bias`` for float32 weights, on every thread of torch's team:
+the library GEMV Inductor calls for a decode step's products ran on one thread here, reading the weights at a
+third of the memory's bandwidth. The exporter points only products of at most :data:`FEW_ROWS` rows at it.
 
 ``etsdk_attention`` (``attention.cpp``) stands for the core's ``etsdk::attention``: SDPA under a boolean mask
 that reads only the key / value rows some query sees, so an LLM's decode step costs what its conversation
@@ -45,9 +49,13 @@ __all__ = [
     "KERNELS_FEATURE",
     "KERNEL_ATTENTION",
     "KERNEL_ATTENTION_INT8",
+    "FEW_ROWS",
+    "LINEAR",
+    "LINEAR_C_SHIM",
     "QMM",
     "attention",
     "attention_rows_read",
+    "linear",
     "load",
     "qmm",
 ]
@@ -57,6 +65,16 @@ C_SHIM = (
     "AOTITorchError aoti_torch_cpu_etsdk_qmm(AtenTensorHandle x, AtenTensorHandle qdata, AtenTensorHandle scales, "
     "AtenTensorHandle* mins, AtenTensorHandle* bias, int64_t bits, int64_t group, AtenTensorHandle* ret0)"
 )
+
+#: The C declaration AOTInductor emits for ``etsdk_aoti::etsdk_linear``.
+LINEAR_C_SHIM = (
+    "AOTITorchError aoti_torch_cpu_etsdk_linear(AtenTensorHandle x, AtenTensorHandle weight, AtenTensorHandle* bias, "
+    "AtenTensorHandle* ret0)"
+)
+
+#: The most rows of activations a product the exporter gives ``etsdk_linear`` has (a decode step has one per
+#: token); larger products keep the library GEMM, which blocks for the caches.
+FEW_ROWS = 4
 
 #: The C declaration AOTInductor emits for ``etsdk_aoti::etsdk_attention``.
 ATTENTION_C_SHIM = (
@@ -72,7 +90,7 @@ ATTENTION_INT8_C_SHIM = (
 )
 
 _SOURCE = Path(__file__).with_name("qmm.cpp")
-_SOURCES = [_SOURCE, Path(__file__).with_name("attention.cpp")]
+_SOURCES = [_SOURCE, Path(__file__).with_name("attention.cpp"), Path(__file__).with_name("gemv.cpp")]
 _lock = threading.Lock()
 _loaded: ctypes.CDLL | None = None
 _path: Path | None = None
@@ -111,6 +129,19 @@ def _(x: torch.Tensor, qdata: torch.Tensor, scales: torch.Tensor, mins: object, 
 
 
 QMM = torch.ops.etsdk_aoti.etsdk_qmm.default
+
+
+@torch.library.custom_op("etsdk_aoti::etsdk_linear", mutates_args=())
+def etsdk_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.nn.functional.linear(x, weight, bias)
+
+
+@etsdk_linear.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, bias: object) -> torch.Tensor:
+    return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+LINEAR = torch.ops.etsdk_aoti.etsdk_linear.default
 
 
 @torch.library.custom_op("etsdk_aoti::etsdk_attention", mutates_args=())
@@ -253,6 +284,31 @@ def attention(
         free_handles(handles)
     if code != 0:
         shapes = ", ".join(f"{list(t.shape)} {t.dtype}" for t in operands if t is not None)
+        raise ValueError(f"{path.name} refused the tensors ({shapes})")
+    result: torch.Tensor = torch._C._aoti.alloc_tensors_by_stealing_from_void_ptrs([_new_capsule(out.value, None, None)])[0]
+    return result
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Call the native float32 kernel directly (tests and benchmarks): ``x [M, K] @ weight.T (+ bias)``;
+    ``ValueError`` when it refuses the tensors (dtype, rank, sizes or layout)."""
+    from etsdk_aoti.library import _new_capsule, free_handles, tensor_handles
+
+    path = load()
+    assert _loaded is not None
+    pointer = ctypes.c_void_p
+    function = _loaded.aoti_torch_cpu_etsdk_linear
+    function.argtypes = [pointer, pointer, ctypes.POINTER(pointer), ctypes.POINTER(pointer)]
+    given = [x, weight] + ([bias] if bias is not None else [])
+    handles = tensor_handles(given)
+    try:
+        bias_handle = pointer(handles[2]) if bias is not None else None
+        out = pointer()
+        code = function(handles[0], handles[1], ctypes.byref(bias_handle) if bias_handle is not None else None, ctypes.byref(out))
+    finally:
+        free_handles(handles)
+    if code != 0:
+        shapes = ", ".join(f"{list(t.shape)} {t.dtype}" for t in given)
         raise ValueError(f"{path.name} refused the tensors ({shapes})")
     result: torch.Tensor = torch._C._aoti.alloc_tensors_by_stealing_from_void_ptrs([_new_capsule(out.value, None, None)])[0]
     return result
