@@ -45,8 +45,8 @@ class _Decoder(torch.nn.Module):
 
 
 def _unlifted(rows: int) -> torch.fx.GraphModule:
-    from executorch.exir import EdgeCompileConfig, to_edge
     from etsdk_aoti.serializer import prepare_graph
+    from executorch.exir import EdgeCompileConfig, to_edge
 
     torch.manual_seed(0)
     exported = torch.export.export(_Decoder().eval(), (torch.randn(rows, 32),), strict=True)
