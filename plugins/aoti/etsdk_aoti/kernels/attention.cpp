@@ -187,12 +187,13 @@ inline __mmask16 lanes(int64_t count) {
 // How far ahead (rows) a task asks for its key / value rows.
 constexpr int64_t kAhead = 48;
 
-// Asks for rows [0, count) of D values to be brought into the cache (ahead of their use: the chunks of a task are
-// short streams, too short for the hardware prefetcher to run ahead of the arithmetic).
+// Asks for int8 rows [0, count) of D values to be brought into the cache ahead of their use: a task's chunk is a
+// short stream, and int8 rows are consumed faster than the hardware prefetcher brings them (30 layers over 6000
+// rows: 7.8 -> 6.6 ms per step). Float rows are left to the hardware prefetcher: asking for them too was slower.
 template <typename T, int64_t D>
 inline void prefetch_rows(const T* rows, int64_t count) {
-  const char* first = reinterpret_cast<const char*>(rows);
   if (sizeof(T) != 1) return;
+  const char* first = reinterpret_cast<const char*>(rows);
   for (int64_t byte = 0; byte < count * D * static_cast<int64_t>(sizeof(T)); byte += 64)
     _mm_prefetch(first + byte, _MM_HINT_T0);
 }
