@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from etsdk.backend import aten_name
 
 from etsdk_aoti import kernels
+from etsdk_aoti.op_names import op_name as _name
 
 __all__ = ["kernel_linear", "rewrite_float_linears"]
 
@@ -22,11 +22,6 @@ __all__ = ["kernel_linear", "rewrite_float_linears"]
 def kernel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``x @ weight.T + bias`` on the native kernel (what a rewritten product calls)."""
     return kernels.LINEAR(x.contiguous(), weight, bias)
-
-
-def _name(node: Any) -> str:
-    found = aten_name(node.target) if getattr(node, "op", None) == "call_function" else None
-    return found.split("::", 1)[1].split(".")[0] if found else ""
 
 
 def _float_constant(module: torch.nn.Module, node: Any, rank: int) -> bool:

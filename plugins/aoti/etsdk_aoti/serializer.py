@@ -38,13 +38,14 @@ from typing import Any
 
 import torch
 from etsdk import ExportError
-from etsdk.backend import DelegateSignature, Partition, StateBinding, aten_name, dtype_name
+from etsdk.backend import DelegateSignature, Partition, StateBinding, dtype_name
 
 from etsdk_aoti import blob_format, kernels, weights
 from etsdk_aoti.attention import kernel_attention, kernel_attention_int8, rewrite_attention
 from etsdk_aoti.blob_format import AotiBlob, Config, Constant, Derivation, Source, TensorView
 from etsdk_aoti.float_linear import kernel_linear, rewrite_float_linears
 from etsdk_aoti.library import ConstantKind, Library
+from etsdk_aoti.op_names import op_name as _op_name
 from etsdk_aoti.partitioner import DEVICE_SPEC, KERNEL_THREADS_SPEC
 from etsdk_aoti.quantized import Derived, check_device, rewrite_quantized
 from etsdk_aoti.quantized import linear as _qmm_linear
@@ -110,12 +111,6 @@ def copies_to_views(graph_module: Any, weights: set[str]) -> int:
         graph_module.graph.lint()
         graph_module.recompile()
     return changed
-
-
-def _op_name(node: Any) -> str:
-    """``view_copy`` for edge and ATen ``aten::view_copy.default`` (from :func:`aten_name`); "" for anything else."""
-    name = aten_name(node.target) if getattr(node, "op", None) == "call_function" else None
-    return name.split("::", 1)[1].split(".")[0] if name else ""
 
 
 def _repeated_kv(node: Any) -> tuple[Any, int] | None:
