@@ -29,6 +29,11 @@ Q8_0), for float32 F32; same threads, prompt, greedy steps (llama.cpp's ``eval``
 ``--quantize`` / ``--gguf`` the float32 etsdk program runs too, interleaved, as ``etsdk_float``
 (``etsdk_vs_etsdk_float_decode``: the quantized program's speed-up).
 
+``--weights-dtype bfloat16|float16``: the etsdk program keeps the linear and embedding weights in that dtype and
+computes in float32 (``etsdk export``'s default for a bfloat16 / float16 checkpoint); the float32 program runs
+beside it as ``etsdk_float``, ``eager`` runs the same 16-bit weights widened the same way, llama.cpp a BF16 / F16
+GGUF file of them, and the limit counts 2 bytes per weight.
+
 ``limit``: the machine's weight-read limit, measured in the same run: one read of the model's weight bytes with
 the fastest kernel available (``torch.mv`` over one matrix holding the model's weight bytes, ``F.linear`` over
 the model's own matrices, and a sum of that matrix on every thread; the fastest counts: torch's CPU GEMV for one
@@ -287,6 +292,8 @@ def main() -> None:
     parser.add_argument("--no-xnnpack", action="store_true", help="skip the XNNPACK peer (its export is slow)")
     parser.add_argument("--quantize", default=None, metavar="FORMAT", help="quantized weights (int8, int4, int4:64, ...)")
     parser.add_argument("--gguf", default=None, metavar="TYPE", help="export a GGUF file of the model (Q8_0, Q4_0, Q4_1)")
+    parser.add_argument("--weights-dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                        help="the etsdk program's weight dtype (16-bit: widened to float32 where used)")
     parser.add_argument("--llama-cpp", action="store_true", help="add llama.cpp on a GGUF file of the same weights")
     parser.add_argument("--workdir", default=None, help="keep the exported programs here and reuse them for the same "
                         "--model/--shape/sizes (a 135M-parameter AOTI export takes minutes; delete the directory "
@@ -303,6 +310,9 @@ def main() -> None:
         parser.error("prefill + new must fit the context")
     if args.quantize and args.gguf:
         parser.error("--quantize and --gguf are two ways to quantize: give one")
+    narrow = args.weights_dtype != "float32"
+    if narrow and (args.quantize or args.gguf):
+        parser.error("--weights-dtype keeps 16-bit weights unquantized: give it without --quantize / --gguf")
     if args.threads:
         torch.set_num_threads(args.threads)
     from etsdk import QuantizationPlan
@@ -313,9 +323,17 @@ def main() -> None:
     plan = QuantizationPlan.for_format(args.quantize) if args.quantize else None
     if args.gguf:
         plan = QuantizationPlan.for_format({"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1"}[args.gguf], embedding="q8_0", head="q8_0")
-    read_bytes = _quantized_bytes(model, plan) if plan is not None else limit.nbytes
+    read_bytes = _quantized_bytes(model, plan) if plan is not None else limit.nbytes // 2 if narrow else limit.nbytes
+    narrowed: Any = None
+    if narrow:
+        import copy
+
+        from etsdk import keep_16bit_weights
+
+        narrowed = copy.deepcopy(model).to(getattr(torch, args.weights_dtype))
+        keep_16bit_weights(narrowed)
     print(f"model: {type(model).__name__}, {params / 1e6:.1f}M parameters ({limit.nbytes / 1e6:.0f} MB of weight "
-          f"matrices{f', {read_bytes / 1e6:.0f} MB quantized' if plan else ''}), T={T}, S={S}, threads "
+          f"matrices{f', {read_bytes / 1e6:.0f} MB quantized' if plan else ''}{f', {args.weights_dtype}' if narrow else ''}), T={T}, S={S}, threads "
           f"{torch.get_num_threads()}", file=sys.stderr)
     prompt = torch.randint(0, model.config.vocab_size, (T,), generator=torch.Generator().manual_seed(0)).tolist()
     counters_ok, counters_why = _traffic_counters()
@@ -325,7 +343,7 @@ def main() -> None:
         tmp.mkdir(parents=True, exist_ok=True)
         pte = tmp / "model.pte"
         # a workdir's programs are reused only for the same model and sizes (else they are exported again)
-        stamp = json.dumps({k: getattr(args, k) for k in ("model", "shape", "hidden", "layers", "vocab", "prefill", "context", "quantize", "gguf")})
+        stamp = json.dumps({k: getattr(args, k) for k in ("model", "shape", "hidden", "layers", "vocab", "prefill", "context", "quantize", "gguf", "weights_dtype")})
         reuse = bool(args.workdir) and (tmp / "programs.json").is_file() and (tmp / "programs.json").read_text() == stamp
         if not reuse:
             for stale in ("model.pte", "float.pte", "xnnpack.pte", "model.gguf"):
@@ -335,22 +353,27 @@ def main() -> None:
             from etsdk_hf_static.tiny import write_llama_gguf
 
             if not (reuse and gguf_path.is_file()):
-                write_llama_gguf(model, gguf_path, types=_gguf_types(args.quantize, args.gguf))
+                types = _gguf_types(args.quantize, args.gguf)
+                if narrow:
+                    types = dict.fromkeys(types, {"bfloat16": "BF16", "float16": "F16"}[args.weights_dtype])
+                write_llama_gguf(model, gguf_path, types=types)
         if not (reuse and pte.is_file()):
             import copy
 
             source: Any = str(gguf_path) if args.gguf else copy.deepcopy(model) if plan is not None else model  # quantized in place
+            source = narrowed if narrow else source
             export(source, pte, backend="aoti", prefill_length=T, context_length=S, quantization=None if args.gguf else plan,
                    partitioner_options={"EtsdkAotiBackend": {"device": "cpu"}}, quiet=True)
         runner = HfStaticRunner.from_file(pte)
         float_runner = None
-        if plan is not None:
+        if plan is not None or narrow:
             float_pte = tmp / "float.pte"
             if not (reuse and float_pte.is_file()):
                 export(model, float_pte, backend="aoti", prefill_length=T, context_length=S,
                        partitioner_options={"EtsdkAotiBackend": {"device": "cpu"}}, quiet=True)
             float_runner = HfStaticRunner.from_file(float_pte)
-        eager = StaticCausalLM(_torchao(model, args.quantize or (args.gguf and "int4"), dynamic=False), S).eval()
+        eager_model = narrowed if narrow else _torchao(model, args.quantize or (args.gguf and "int4"), dynamic=False)
+        eager = StaticCausalLM(eager_model, S).eval()
         eager_counters = [b for n, b in eager.named_buffers() if n.startswith("cumulative_length")]
         peers: dict[str, Any] = {}
 
@@ -482,7 +505,7 @@ def main() -> None:
 
     out: dict[str, Any] = {
         "parameters": params, "weight_bytes": read_bytes, "float_weight_bytes": limit.nbytes,
-        "quantize": args.quantize, "gguf": args.gguf, "prefill_length": T, "context_length": S,
+        "quantize": args.quantize, "gguf": args.gguf, "weights_dtype": args.weights_dtype, "prefill_length": T, "context_length": S,
         "new_tokens": args.new, "threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "loadavg_1min_per_round": [round(x, 2) for x in loads],
     }

@@ -6,8 +6,17 @@ stage: each progress line the export writes to stderr (``etsdk: ...``, ``etsdk-h
 after an AOTInductor compile starts right after it), so the report says which stage sets it. Run in a fresh
 process per measurement (ru_maxrss never goes down).
 
+``--checkpoint float32|bfloat16|float16``: the model is first written as a transformers checkpoint
+(safetensors) in that dtype and dropped, and the export reads the directory, as ``etsdk export --model DIR`` does
+(weights kept in the checkpoint's dtype, memory-mapped from its file); the baseline is then the process before
+loading. Resident memory then counts the checkpoint's mapped file pages (reclaimable page cache) beside the
+anonymous memory the export allocates, so ``peak_anon_bytes`` (the largest ``RssAnon`` seen, sampled every 20
+ms) is the figure that grows with the model only if something copies it.
+
 Last line: JSON with ``weights_bytes``, ``baseline_rss_bytes``, ``peak_rss_bytes``,
-``peak_over_baseline_per_weight`` and ``stages`` (stage -> peak RSS bytes when that stage started).
+``peak_over_baseline_per_weight``, ``stages`` (stage -> peak RSS bytes when that stage started),
+``checkpoint_dtype`` (null without ``--checkpoint``), ``checkpoint_bytes``, ``baseline_anon_bytes``,
+``peak_anon_bytes`` and ``peak_anon_over_baseline_per_weight``.
 
 ``--smoke``: a 1-layer model of hidden 128 and vocab 256 (the same export, both methods through AOTInductor,
 and the same JSON keys; at this size the ratio is meaningless).
@@ -38,6 +47,34 @@ def _peak() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def _anon() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+class _AnonPeak:
+    """The largest ``RssAnon`` seen while the block runs, sampled every 20 ms on a thread."""
+
+    def __enter__(self) -> _AnonPeak:
+        import threading
+
+        self.peak, self.done = _anon(), threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self.done.wait(0.02):
+            self.peak = max(self.peak, _anon())
+
+    def __exit__(self, *exc: Any) -> None:
+        self.done.set()
+        self.thread.join()
+        self.peak = max(self.peak, _anon())
+
+
 class _StageRecorder:
     """Stands in for ``sys.stderr``: passes everything through and records the peak RSS at each progress line."""
 
@@ -65,6 +102,8 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=8192)
+    parser.add_argument("--checkpoint", choices=("float32", "bfloat16", "float16"), default=None,
+                        help="export from a safetensors checkpoint of this dtype (default: from the model object)")
     parser.add_argument("--smoke", action="store_true", help="1 layer, hidden 128, vocab 256")
     args = parser.parse_args()
     if args.smoke:
@@ -75,18 +114,34 @@ def main() -> None:
 
     stages: dict[str, int] = {}
 
-    model = tiny_model("llama", hidden=args.hidden, layers=args.layers, vocab=args.vocab, heads=16, kv_heads=2, positions=512)
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    baseline = _rss()
-    print(f"weights {weights / 2**20:.0f} MiB, baseline RSS {baseline / 2**20:.0f} MiB", file=sys.stderr)
-    stderr = sys.stderr
-    sys.stderr = _StageRecorder(stderr, stages)  # type: ignore[assignment]
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            export(model, Path(tmp) / "model.pte", backend="aoti", prefill_length=32, context_length=256,
-                   partitioner_options={"EtsdkAotiBackend": {"device": "cpu"}}, quiet=False)
-    finally:
-        sys.stderr = stderr
+    model: Any = tiny_model("llama", hidden=args.hidden, layers=args.layers, vocab=args.vocab, heads=16, kv_heads=2, positions=512)
+    with tempfile.TemporaryDirectory() as tmp:
+        source: Any = model
+        checkpoint_bytes = None
+        if args.checkpoint:
+            import gc
+
+            import torch
+
+            source = Path(tmp) / "checkpoint"
+            model.to(getattr(torch, args.checkpoint)).save_pretrained(source)
+            del model
+            gc.collect()
+            checkpoint_bytes = sum(p.stat().st_size for p in source.glob("*.safetensors"))
+            weights = checkpoint_bytes
+        else:
+            weights = sum(p.numel() * p.element_size() for p in model.parameters())
+        baseline, baseline_anon = _rss(), _anon()
+        print(f"weights {weights / 2**20:.0f} MiB{f' ({args.checkpoint} checkpoint)' if args.checkpoint else ''}, "
+              f"baseline RSS {baseline / 2**20:.0f} MiB", file=sys.stderr)
+        stderr = sys.stderr
+        sys.stderr = _StageRecorder(stderr, stages)  # type: ignore[assignment]
+        try:
+            with _AnonPeak() as anon:
+                export(source, Path(tmp) / "model.pte", backend="aoti", prefill_length=32, context_length=256,
+                       partitioner_options={"EtsdkAotiBackend": {"device": "cpu"}}, quiet=False)
+        finally:
+            sys.stderr = stderr
     peak = _peak()
     print(json.dumps({
         "weights_bytes": weights,
@@ -94,6 +149,11 @@ def main() -> None:
         "peak_rss_bytes": peak,
         "peak_over_baseline_per_weight": (peak - baseline) / weights,
         "stages": stages,
+        "checkpoint_dtype": args.checkpoint,
+        "checkpoint_bytes": checkpoint_bytes,
+        "baseline_anon_bytes": baseline_anon,
+        "peak_anon_bytes": anon.peak,
+        "peak_anon_over_baseline_per_weight": (anon.peak - baseline_anon) / weights,
     }))
 
 

@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from etsdk._export.output import Lowered, check_free_space, check_output_path, format_bytes
     from etsdk._quant.modules import QuantizationReport, QuantizedEmbedding, QuantizedLinear, quantize_model
     from etsdk._quant.planes import quantize_weight
+    from etsdk._quant.widening import WidenedEmbedding, WidenedLinear, WideningReport, keep_16bit_weights
     from etsdk._runtime.bridge import InitContext, NamedData
     from etsdk._runtime.program import Method, MethodInfo, Program, TensorInfo, data_beside, load
     from etsdk._runtime.record import read_contract
@@ -93,6 +94,10 @@ _LAZY = {
     "QuantizedLinear": "etsdk._quant.modules",
     "quantize_model": "etsdk._quant.modules",
     "quantize_weight": "etsdk._quant.planes",
+    "WideningReport": "etsdk._quant.widening",
+    "WidenedEmbedding": "etsdk._quant.widening",
+    "WidenedLinear": "etsdk._quant.widening",
+    "keep_16bit_weights": "etsdk._quant.widening",
 }
 
 
@@ -156,6 +161,9 @@ __all__ = [
     "UnsupportedFeatureError",
     "VerifyReport",
     "WeightFormat",
+    "WideningReport",
+    "WidenedEmbedding",
+    "WidenedLinear",
     "__version__",
     "check_free_space",
     "check_output_path",
@@ -178,6 +186,7 @@ __all__ = [
     "lower",
     "quantize_model",
     "quantize_weight",
+    "keep_16bit_weights",
     "quiet_command_line",
     "read_contract",
     "register_contracts",

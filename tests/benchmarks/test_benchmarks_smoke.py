@@ -74,6 +74,7 @@ EXPECTED_KEYS: dict[str, set[str]] = {
         "float_weight_bytes",
         "quantize",
         "gguf",
+        "weights_dtype",
         "prefill_length",
         "context_length",
         "new_tokens",
@@ -137,6 +138,9 @@ EXPECTED_KEYS: dict[str, set[str]] = {
         "peak_rss_bytes",
         "peak_over_baseline_per_weight",
         "stages",
+        "checkpoint_dtype",
+        "peak_anon_bytes",
+        "peak_anon_over_baseline_per_weight",
     },
 }
 
@@ -145,7 +149,11 @@ WORKDIR_FLAG = {"hf_static_decode": "--workdir"}
 
 SCRIPTS = sorted({p.stem for p in BENCHMARKS.glob("*.py")} | set(EXPECTED_KEYS))
 #: further smoke runs of one script with other flags: (script, flags), each its own test
-VARIANTS = [("hf_static_decode", ["--quantize", "int4"])]  # the quantized paths (llama.cpp is a benchmark-only install)
+VARIANTS = [
+    ("hf_static_decode", ["--quantize", "int4"]),  # the quantized paths (llama.cpp is a benchmark-only install)
+    ("hf_static_decode", ["--weights-dtype", "bfloat16"]),  # 16-bit weights beside the float32 program
+    ("hf_static_export_memory", ["--checkpoint", "bfloat16"]),  # export from a checkpoint directory
+]
 
 #: a hang guard, not a timing check (a smoke run takes ~10-120 s; much longer on a loaded machine)
 TIMEOUT_S = 1800

@@ -68,10 +68,13 @@ ATTENTION_FEATURE = "aoti.kernels.attention.v1"
 ATTENTION_INT8_FEATURE = "aoti.kernels.attention_int8.v1"
 #: the library calls the float32 few-row GEMV (``aoti_torch_cpu_etsdk_linear``, etsdk_aoti.float_linear)
 LINEAR_FEATURE = "aoti.kernels.linear.v1"
+#: ... with bfloat16 / float16 weights (a reader whose kernel takes float32 weights only would fail the call)
+LINEAR16_FEATURE = "aoti.kernels.linear16.v1"
 #: constants read from their own named-data entries or derived at load (sources "entry" / "derived")
 NAMED_CONSTANTS_FEATURE = "aoti.named_constants.v1"
 KNOWN_FEATURES = frozenset(
-    {BLOB_FEATURE, STATE_INPUTS_FEATURE, NAMED_CONSTANTS_FEATURE, KERNELS_FEATURE, ATTENTION_FEATURE, ATTENTION_INT8_FEATURE, LINEAR_FEATURE}
+    {BLOB_FEATURE, STATE_INPUTS_FEATURE, NAMED_CONSTANTS_FEATURE, KERNELS_FEATURE, ATTENTION_FEATURE, ATTENTION_INT8_FEATURE, LINEAR_FEATURE,
+     LINEAR16_FEATURE}
 )
 
 PRODUCER = "etsdk-aoti"
@@ -168,6 +171,8 @@ class AotiBlob:
     calls_attention_int8: bool = False
     #: the library calls the float32 few-row GEMV (feature ``aoti.kernels.linear.v1``)
     calls_linear: bool = False
+    #: ... with bfloat16 / float16 weights (feature ``aoti.kernels.linear16.v1``)
+    calls_linear16: bool = False
 
     @property
     def calls_native(self) -> bool:
@@ -188,6 +193,8 @@ class AotiBlob:
             features.append(ATTENTION_INT8_FEATURE)
         if self.calls_linear:
             features.append(LINEAR_FEATURE)
+        if self.calls_linear16:
+            features.append(LINEAR16_FEATURE)
         return features
 
     @property
@@ -303,6 +310,7 @@ def decode(payload: memoryview | bytes, *, state_bindings: int | None = None) ->
     return AotiBlob(
         config, constants, library, calls_kernels=KERNELS_FEATURE in features, calls_attention=ATTENTION_FEATURE in features,
         calls_attention_int8=ATTENTION_INT8_FEATURE in features, calls_linear=LINEAR_FEATURE in features,
+        calls_linear16=LINEAR16_FEATURE in features,
     )
 
 

@@ -43,7 +43,7 @@ from etsdk.backend import DelegateSignature, Partition, StateBinding, dtype_name
 from etsdk_aoti import blob_format, kernels, weights
 from etsdk_aoti.attention import kernel_attention, kernel_attention_int8, rewrite_attention
 from etsdk_aoti.blob_format import AotiBlob, Config, Constant, Derivation, Source, TensorView
-from etsdk_aoti.float_linear import kernel_linear, rewrite_float_linears
+from etsdk_aoti.float_linear import kernel_linear, kernel_linear16, rewrite_float_linears
 from etsdk_aoti.library import ConstantKind, Library
 from etsdk_aoti.op_names import op_name as _op_name
 from etsdk_aoti.partitioner import DEVICE_SPEC, KERNEL_THREADS_SPEC
@@ -264,7 +264,11 @@ class Compiled:
 
     @property
     def calls_linear(self) -> bool:
-        return any(node.target is kernel_linear for node in self.module.graph.nodes if node.op == "call_function")
+        return any(node.target in (kernel_linear, kernel_linear16) for node in self.module.graph.nodes if node.op == "call_function")
+
+    @property
+    def calls_linear16(self) -> bool:
+        return any(node.target is kernel_linear16 for node in self.module.graph.nodes if node.op == "call_function")
 
 
 def compile_partition(
@@ -307,7 +311,7 @@ def compile_partition(
         shims[kernels.KERNEL_ATTENTION] = [kernels.ATTENTION_C_SHIM]
     if kernel_attention_int8 in targets:
         shims[kernels.KERNEL_ATTENTION_INT8] = [kernels.ATTENTION_INT8_C_SHIM]
-    if kernel_linear in targets:
+    if kernel_linear in targets or kernel_linear16 in targets:
         shims[kernels.LINEAR] = [kernels.LINEAR_C_SHIM]
     if shims:
         options["aot_inductor.custom_ops_to_c_shims"] = shims
@@ -418,6 +422,7 @@ def preprocess(partition: Partition) -> bytes:
         blob = AotiBlob(
             config, constants, compiled.library, calls_kernels=compiled.calls_kernels, calls_attention=compiled.calls_attention,
             calls_attention_int8=compiled.calls_attention_int8, calls_linear=compiled.calls_linear,
+            calls_linear16=compiled.calls_linear16,
         )
         return blob_format.encode(blob)  # the library file is deleted below
     finally:

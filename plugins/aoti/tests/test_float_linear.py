@@ -1,12 +1,13 @@
-"""etsdk-aoti's float32 few-row GEMV (``etsdk_aoti::etsdk_linear``): the kernel against ``linear``, the tensors it
-refuses, and the rewrite that points a decode step's products at it while prefill's keep the library GEMM."""
+"""etsdk-aoti's few-row GEMV (``etsdk_aoti::etsdk_linear``): the kernel against ``linear`` (float32 weights, and
+bfloat16 / float16 ones widened in registers), the tensors it refuses, and the rewrite that points a decode step's
+products at it while prefill's keep the library GEMM."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from etsdk_aoti import kernels
-from etsdk_aoti.float_linear import kernel_linear, rewrite_float_linears
+from etsdk_aoti.float_linear import kernel_linear, kernel_linear16, rewrite_float_linears
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9])  # the decode sizes, and more rows four at a time
@@ -21,6 +22,18 @@ def test_the_kernel_computes_linear(rows: int, n: int, k: int, with_bias: bool) 
     torch.testing.assert_close(got, want, rtol=0, atol=2e-6 * float(want.abs().max()))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows", [1, 3, 6])
+@pytest.mark.parametrize(("n", "k"), [(37, 83), (100, 576)])  # a K past the last whole 32 (the scalar tail), and not
+def test_the_kernel_widens_16bit_weights_exactly(dtype: torch.dtype, rows: int, n: int, k: int) -> None:
+    g = torch.Generator().manual_seed(rows * 1000 + n + k)
+    x, weight, bias = torch.randn(rows, k, generator=g), torch.randn(n, k, generator=g).to(dtype), torch.randn(n, generator=g)
+    if dtype == torch.float16:  # subnormal, zero, infinity-free extremes: the scalar tail's widening covers them
+        weight[0, -3:] = torch.tensor([6e-8, -0.0, 65504.0], dtype=dtype)
+    got, want = kernels.linear(x, weight, bias), torch.nn.functional.linear(x, weight.float(), bias)
+    torch.testing.assert_close(got, want, rtol=0, atol=2e-6 * float(want.abs().max()))
+
+
 def test_tensors_the_kernel_cannot_take_are_refused() -> None:
     x, weight = torch.randn(1, 32), torch.randn(8, 32)
     for bad in (
@@ -29,6 +42,9 @@ def test_tensors_the_kernel_cannot_take_are_refused() -> None:
         (torch.randn(2, 64)[:, ::2], weight, None),  # strided x
         (x, weight, torch.randn(7)),  # a bias of the wrong length
         (x[0], weight, None),  # x of one dimension
+        (x.bfloat16(), weight, None),  # 16-bit activations (only weights may be 16-bit)
+        (x, weight.to(torch.int8), None),  # an integer weight
+        (x, weight, torch.randn(8).bfloat16()),  # a 16-bit bias
     ):
         with pytest.raises(ValueError, match="refused the tensors"):
             kernels.linear(*bad)
@@ -67,4 +83,42 @@ def test_few_row_float_products_are_pointed_at_the_kernel(rows: int, device: str
         assert [n.args[2] is None for n in calls] == [False, True]  # addmm's bias carried over; mm has none
         # the weight itself (no per-call transpose copy left), and the graph computes what it did
         assert all(n.args[1].op == "get_attr" for n in calls)
+    torch.testing.assert_close(module(x), want, rtol=1e-5, atol=1e-5)
+
+
+class _Widened(torch.nn.Module):
+    """What ``etsdk.keep_16bit_weights`` exports: 16-bit weights widened to float32 where they are used."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        from etsdk import WidenedLinear
+
+        torch.manual_seed(1)
+        self.up = WidenedLinear(torch.nn.Parameter(torch.randn(48, 32).to(dtype), requires_grad=False), torch.randn(48))
+        self.down = WidenedLinear(torch.nn.Parameter(torch.randn(32, 48).to(dtype), requires_grad=False), None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.relu(self.up(x)))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("rows", "expected"), [(1, 2), (8, 0)])
+def test_few_row_products_of_widened_16bit_weights_read_them_as_stored(dtype: torch.dtype, rows: int, expected: int) -> None:
+    from etsdk_aoti.serializer import prepare_graph
+    from executorch.exir import EdgeCompileConfig, to_edge
+
+    exported = torch.export.export(_Widened(dtype).eval(), (torch.randn(rows, 32),), strict=True)
+    program = to_edge(exported, compile_config=EdgeCompileConfig(_check_ir_validity=False)).exported_program()
+    prepare_graph(program.graph_module, set(program.graph_signature.inputs_to_parameters))
+    module = program.module()
+    x = torch.randn(rows, 32)
+    want = module(x)
+    assert rewrite_float_linears(module, "cpu") == expected
+    calls = [n for n in module.graph.nodes if n.op == "call_function" and n.target is kernel_linear16]
+    assert len(calls) == expected
+    for call in calls:  # the 16-bit constant itself: no widened copy of the weight is left for Inductor to make
+        assert call.args[1].op == "get_attr"
+        assert module.get_parameter(str(call.args[1].target)).dtype == dtype
+    if expected:
+        assert not any(n.op == "call_function" and "to_dim_order_copy" in str(n.target) for n in module.graph.nodes)
     torch.testing.assert_close(module(x), want, rtol=1e-5, atol=1e-5)

@@ -73,6 +73,11 @@ def configure_export(export: argparse.ArgumentParser) -> None:
         help="int8: key / value caches of int8 rows with a scale per row and head (a quarter of the cache's "
         "bytes, read by every decode step and saved with every session; hf_static v3); float32 (default)",
     )
+    export.add_argument(
+        "--weights-dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
+        help="the program's linear / embedding weights: auto (default) keeps a bfloat16 / float16 checkpoint's "
+        "dtype (half the bytes of float32, computed in float32); float32 upcasts them",
+    )
     quantize = export.add_argument_group("quantized weights (default: the model's own weights)")
     quantize.add_argument(
         "--quantize", default=None, metavar="FORMAT",
@@ -150,7 +155,7 @@ def run_export(args: argparse.Namespace) -> int:
         partitioner_options=backend_options(args.backend_option),
         quantization=quantization,
         allow_requantize=args.allow_requantize,
-        options={"attention": args.attention, "kv_cache": args.kv_cache},
+        options={"attention": args.attention, "kv_cache": args.kv_cache, "weights_dtype": args.weights_dtype},
     )
     for path in spec.exporter(request):
         print(path)

@@ -56,6 +56,8 @@ DEFAULT_PREFILL_LENGTH = 64
 #: model would make every decode step attend over, and every session allocate, a cache of that many rows).
 DEFAULT_CONTEXT_LENGTH = 2048
 METHODS = ("prefill", "decode")
+#: What ``weights_dtype`` (``etsdk export --weights-dtype``) takes: ``auto`` keeps the checkpoint's.
+WEIGHTS_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def tokenizer_dir(program_path: str | Path) -> Path:
@@ -64,8 +66,29 @@ def tokenizer_dir(program_path: str | Path) -> Path:
     return path.with_name(path.stem + ".tokenizer")
 
 
-def _load_model(model: Any, quiet: bool, allow_requantize: bool = False) -> tuple[Any, Path | None, Any]:
-    """The model, its directory (None for a model object or a GGUF file) and, for a GGUF file, its tokenizer."""
+def checkpoint_dtype(directory: Path) -> str:
+    """The dtype a transformers model directory's ``config.json`` gives its weights (``dtype``, or the older
+    ``torch_dtype``): ``"bfloat16"``, ``"float16"`` or ``"float32"`` (also when it names none)."""
+    import json
+
+    try:
+        config = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError):
+        return "float32"
+    named = config.get("dtype") or config.get("torch_dtype") if isinstance(config, dict) else None
+    if not isinstance(named, str):
+        text = config.get("text_config") if isinstance(config, dict) else None
+        named = (text.get("dtype") or text.get("torch_dtype")) if isinstance(text, dict) else None
+    return named if named in ("bfloat16", "float16") else "float32"
+
+
+def _load_model(
+    model: Any, quiet: bool, allow_requantize: bool = False, weights_dtype: str = "auto"
+) -> tuple[Any, Path | None, Any]:
+    """The model, its directory (None for a model object or a GGUF file) and, for a GGUF file, its tokenizer.
+
+    ``weights_dtype``: the dtype a model directory is loaded in (``"auto"``: its checkpoint's; a checkpoint
+    loaded in its own dtype stays memory-mapped from its safetensors files, nothing copied)."""
     if not isinstance(model, (str, Path)):
         return model, None, None
     directory = Path(model)
@@ -83,9 +106,10 @@ def _load_model(model: Any, quiet: bool, allow_requantize: bool = False) -> tupl
     import torch
     from transformers import AutoModelForCausalLM
 
-    _say(f"loading {directory}", quiet)
+    dtype = checkpoint_dtype(directory) if weights_dtype == "auto" else weights_dtype
+    _say(f"loading {directory} ({dtype} weights)", quiet)
     try:
-        loaded = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+        loaded = AutoModelForCausalLM.from_pretrained(directory, dtype=getattr(torch, dtype))
     except Exception as exc:  # noqa: BLE001 - e.g. SafetensorError from a damaged weights file: one clear error
         raise ExportError(
             f"transformers could not load a causal LM from {directory}: {type(exc).__name__}: {exc}"
@@ -217,6 +241,7 @@ def export(
     allow_requantize: bool = False,
     attention: str = "auto",
     kv_cache: str = "float32",
+    weights_dtype: str = "auto",
     quiet: bool = False,
 ) -> list[Path]:
     """Export ``model`` (a transformers model directory or a ``*ForCausalLM`` object) to ``output``.
@@ -238,6 +263,11 @@ def export(
     ``kv_cache``: ``"int8"`` keeps the key / value caches as int8 rows with a float32
     scale per row and head (hf_static v3: a quarter of the cache's bytes, read by
     every decode step and written into every saved session); ``"float32"`` (default).
+    ``weights_dtype``: the dtype of the program's linear and embedding weights. ``"auto"`` (default) keeps a
+    checkpoint's bfloat16 / float16 (half the bytes of float32, read memory-mapped from its files) and a
+    model object's own; ``"float32"`` upcasts them; ``"bfloat16"`` / ``"float16"`` converts to that. Whatever
+    the weights, the program computes in float32 (:func:`etsdk.keep_16bit_weights`): its caches and logits
+    are the contract's float32.
     Returns the paths written.
     """
     import torch
@@ -256,10 +286,17 @@ def export(
                 f"kv_cache='int8' needs every backend to compute attention over int8 cache rows "
                 f"({Capability.FILLED_ATTENTION.value}); {', '.join(lacking)} does not declare it (use kv_cache='float32')"
             )
-    loaded, directory, gguf_tokenizer = _load_model(model, quiet, allow_requantize)
+    if weights_dtype not in WEIGHTS_DTYPES:
+        raise ExportError(f"weights_dtype must be one of {', '.join(WEIGHTS_DTYPES)}, found {weights_dtype!r}")
+    loaded, directory, gguf_tokenizer = _load_model(model, quiet, allow_requantize, weights_dtype)
+    if directory is None and weights_dtype != "auto":
+        loaded.to(getattr(torch, weights_dtype))
     filled = wanted(attention, list(chosen.values()), loaded)
     if quantization is not None:
         _quantize(loaded, quantization, quiet)
+    widened = etsdk.keep_16bit_weights(loaded)
+    if widened.kept:
+        _say(widened.summary(), quiet)
     prefill_length, context_length, why = default_sizes(loaded.config.get_text_config(), prefill_length, context_length)
     meta = metadata_for(loaded, prefill_length, context_length, kv_cache)
     options: dict[str, dict[str, Any]] = {
@@ -372,9 +409,11 @@ def export_request(request: ExportRequest) -> list[Path]:
     unknown = sorted(set(request.method_backends) - set(METHODS))
     if unknown:
         raise ExportError(f"hf_static has methods {', '.join(METHODS)}; no method {', '.join(unknown)}")
-    unknown_options = sorted(set(request.options) - {"attention", "kv_cache"})
+    unknown_options = sorted(set(request.options) - {"attention", "kv_cache", "weights_dtype"})
     if unknown_options:
-        raise ExportError(f"hf_static's exporter takes the options attention and kv_cache, not {', '.join(unknown_options)}")
+        raise ExportError(
+            f"hf_static's exporter takes the options attention, kv_cache and weights_dtype, not {', '.join(unknown_options)}"
+        )
     unknown_sizes = sorted(set(request.sizes) - {"T", "S"})
     if unknown_sizes:
         raise ExportError(f"hf_static takes sizes T (prefill length) and S (context length), not {', '.join(unknown_sizes)}")
@@ -393,4 +432,5 @@ def export_request(request: ExportRequest) -> list[Path]:
         allow_requantize=request.allow_requantize,
         attention=str(request.options.get("attention", "auto")),
         kv_cache=str(request.options.get("kv_cache", "float32")),
+        weights_dtype=str(request.options.get("weights_dtype", "auto")),
     )

@@ -159,7 +159,8 @@ class StaticCausalLM(torch.nn.Module):
             layers.append(layer)
         heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        self.cache.early_initialization(1, heads, head_dim, model.dtype, torch.device("cpu"))
+        # float32 caches whatever the weights' dtype: the contract declares them so (16-bit weights compute in float32)
+        self.cache.early_initialization(1, heads, head_dim, torch.float32, torch.device("cpu"))
         for i, layer in enumerate(layers):
             self.register_buffer(f"key_cache_{i}", layer.keys, persistent=False)
             self.register_buffer(f"value_cache_{i}", layer.values, persistent=False)
@@ -251,7 +252,7 @@ class WindowedCausalLM(torch.nn.Module):
             index = kinds[:layer].count(kind)
             names = (f"k{index}", f"v{index}") if ring is None else (f"kw{index}", f"vw{index}")
             rows = ring or context_length
-            pair = [torch.zeros(1, heads, rows, head_dim, dtype=torch.int8 if int8 else model.dtype) for _ in names]
+            pair = [torch.zeros(1, heads, rows, head_dim, dtype=torch.int8 if int8 else torch.float32) for _ in names]
             for name, tensor in zip(names, pair):
                 self.register_buffer(name, tensor, persistent=False)
             scales = None

@@ -1,10 +1,10 @@
-"""Exporting from a model directory holds no copy of a float32 checkpoint's weights in memory at load.
+"""Exporting from a model directory holds no copy of the checkpoint's weights in memory at load.
 
 transformers (5.x) maps a safetensors file whose tensors already have the dtype asked for: the parameters are
 views of the file's pages (page cache, reclaimable), not anonymous memory. The exporter's load path relies on it;
 this test guards the fact (a change that upcasts, copies or re-initialises weights at load would double the
-export's memory). A bfloat16 checkpoint is upcast to the float32 program, which does copy (issue 18 tracks
-keeping the checkpoint's dtype).
+export's memory). The exporter loads a checkpoint in its own dtype, so a bfloat16 one is mapped too; only
+``weights_dtype="float32"`` (an explicit upcast) copies it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def _anonymous_bytes() -> int:
     raise AssertionError("no RssAnon in /proc/self/status")
 
 
-def test_the_export_load_maps_a_float32_checkpoint_and_copies_a_bfloat16_one(tmp_path: Path) -> None:
+def test_the_export_load_maps_a_checkpoint_in_its_own_dtype_and_copies_only_an_upcast(tmp_path: Path) -> None:
     directory = save_tiny_model(tmp_path / "model", "llama", hidden=512, layers=4, vocab=4096)  # 52 MiB of float32
     size = sum(p.stat().st_size for p in directory.glob("*.safetensors"))
     assert size > 48 * 2**20
@@ -41,6 +41,13 @@ def test_the_export_load_maps_a_float32_checkpoint_and_copies_a_bfloat16_one(tmp
     model.to(torch.bfloat16).save_pretrained(half)
     del model
     before = _anonymous_bytes()
-    upcast, _, _ = _load_model(half, quiet=True)
+    kept, _, _ = _load_model(half, quiet=True)
+    assert all(p.dtype == torch.bfloat16 for p in kept.parameters())
+    with torch.no_grad():
+        total = sum(float(p.sum(dtype=torch.float32)) for p in kept.parameters())  # no float32 temporary
+    assert total == total and _anonymous_bytes() - before < 0.1 * size
+    del kept
+    before = _anonymous_bytes()
+    upcast, _, _ = _load_model(half, quiet=True, weights_dtype="float32")
     assert all(p.dtype == torch.float32 for p in upcast.parameters())
-    assert _anonymous_bytes() - before > 0.8 * size  # what the first check would see if the load copied
+    assert _anonymous_bytes() - before > 0.8 * size  # what the first checks would see if the load copied

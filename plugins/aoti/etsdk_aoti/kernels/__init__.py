@@ -1,7 +1,8 @@
 """etsdk-aoti's native kernels: ``etsdk_aoti::etsdk_qmm`` (quantized weights), ``etsdk_aoti::etsdk_linear``
 (float32 weights times a few rows: decode), ``etsdk_aoti::etsdk_attention`` and ``etsdk_aoti::etsdk_attention_int8``.
 
-``etsdk_linear`` (``gemv.cpp``) is ``x @ w.T + bias`` for float32 weights, on every thread of torch's team:
+``etsdk_linear`` (``gemv.cpp``) is ``x @ w.T + bias`` for float32 (or bfloat16 / float16, widened in registers)
+weights, on every thread of torch's team:
 the library GEMV Inductor calls for a decode step's products ran on one thread here, reading the weights at a
 third of the memory's bandwidth. The exporter points only products of at most :data:`FEW_ROWS` rows at it.
 
@@ -133,7 +134,7 @@ QMM = torch.ops.etsdk_aoti.etsdk_qmm.default
 
 @torch.library.custom_op("etsdk_aoti::etsdk_linear", mutates_args=())
 def etsdk_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return torch.nn.functional.linear(x, weight, bias)
+    return torch.nn.functional.linear(x, weight.to(x.dtype), bias)  # a 16-bit weight is widened (exactly)
 
 
 @etsdk_linear.register_fake
@@ -290,7 +291,8 @@ def attention(
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """Call the native float32 kernel directly (tests and benchmarks): ``x [M, K] @ weight.T (+ bias)``;
+    """Call the native GEMV directly (tests and benchmarks): ``x [M, K] @ weight.float().T (+ bias)``, ``weight``
+    float32, bfloat16 or float16;
     ``ValueError`` when it refuses the tensors (dtype, rank, sizes or layout)."""
     from etsdk_aoti.library import _new_capsule, free_handles, tensor_handles
 

@@ -19,6 +19,8 @@ AOTITorchError aoti_torch_empty_strided(int64_t ndim, const int64_t* sizes_ptr, 
                                         int32_t dtype, int32_t device_type, int32_t device_index,
                                         AtenTensorHandle* ret_new_tensor);
 int32_t aoti_torch_dtype_float32();
+int32_t aoti_torch_dtype_bfloat16();
+int32_t aoti_torch_dtype_float16();
 int32_t aoti_torch_dtype_int8();
 int32_t aoti_torch_dtype_uint8();
 int32_t aoti_torch_dtype_bool();

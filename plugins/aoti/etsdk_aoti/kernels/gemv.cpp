@@ -1,7 +1,10 @@
-// etsdk-aoti: x @ w^T (+ bias) by float32 weights for a few rows of x (an LLM's decode step), on every thread.
+// etsdk-aoti: x @ w^T (+ bias) by float32, bfloat16 or float16 weights for a few rows of x (an LLM's decode step),
+// on every thread.
 //
 // A compiled library calls aoti_torch_cpu_etsdk_linear (AOTInductor's C-shim calling convention for the custom
-// operator etsdk_aoti::etsdk_linear): y[M, N] = x[M, K] @ w[N, K]^T (+ bias[N]), all float32, contiguous.
+// operator etsdk_aoti::etsdk_linear): y[M, N] = x[M, K] @ float(w[N, K])^T (+ bias[N]); x, bias and y float32, w
+// float32, bfloat16 or float16 (widened to float32 in registers: exact, so the result is what float32 weights of
+// the same values give), all contiguous. 16-bit weights halve the bytes a decode step reads.
 //
 // Why: a decode step multiplies one row of activations by every weight matrix, so its cost is reading the
 // weights. The library GEMV that Inductor calls for such a product (MKL's sgemv here) runs on one thread while
@@ -26,38 +29,80 @@ namespace {
 
 using etsdk_kernels::contiguous_tensor;
 
+// The weight dtypes: W is the stored element, widen() its exact float32 value.
+struct Bf16 {
+  uint16_t bits;
+};
+struct F16 {
+  uint16_t bits;
+};
+
+inline float widen(float v) { return v; }
+inline float widen(Bf16 v) {
+  const uint32_t bits = static_cast<uint32_t>(v.bits) << 16;
+  float out;
+  __builtin_memcpy(&out, &bits, sizeof out);
+  return out;
+}
+inline float widen(F16 v) {  // IEEE half: sign, 5-bit exponent (bias 15), 10-bit fraction
+  const uint32_t sign = static_cast<uint32_t>(v.bits & 0x8000u) << 16;
+  uint32_t exponent = (v.bits >> 10) & 0x1Fu, fraction = v.bits & 0x3FFu, bits;
+  if (exponent == 0x1Fu) {
+    bits = sign | 0x7F800000u | (fraction << 13);  // infinity, NaN
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112u) << 23) | (fraction << 13);
+  } else if (fraction == 0) {
+    bits = sign;
+  } else {  // subnormal: normalize
+    exponent = 113u;
+    while (!(fraction & 0x400u)) {
+      fraction <<= 1;
+      --exponent;
+    }
+    bits = sign | (exponent << 23) | ((fraction & 0x3FFu) << 13);
+  }
+  float out;
+  __builtin_memcpy(&out, &bits, sizeof out);
+  return out;
+}
+
+#if defined(__AVX512F__)
+// 16 weights from p, widened to float32.
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const Bf16* p) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+inline __m512 load16(const F16* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+#endif
+
 // y[m][r] for r in [r0, r1) and m < M: each weight row is read once for the M rows of x.
-template <int M>
-void rows(const float* x, const float* w, const float* bias, float* y, int64_t n, int64_t k, int64_t r0, int64_t r1) {
+template <int M, typename W>
+void rows(const float* x, const W* w, const float* bias, float* y, int64_t n, int64_t k, int64_t r0, int64_t r1) {
   for (int64_t r = r0; r < r1; ++r) {
-    const float* row = w + r * k;
+    const W* row = w + r * k;
     float total[M];
+    int64_t i = 0;
 #if defined(__AVX512F__)
     // two chains per x row: a multiply-add waits for the previous one of its chain only
     __m512 a[M], b[M];
     for (int m = 0; m < M; ++m) a[m] = b[m] = _mm512_setzero_ps();
-    int64_t i = 0;
     for (; i + 32 <= k; i += 32) {
-      const __m512 w0 = _mm512_loadu_ps(row + i), w1 = _mm512_loadu_ps(row + i + 16);
+      const __m512 w0 = load16(row + i), w1 = load16(row + i + 16);
       for (int m = 0; m < M; ++m) {
         a[m] = _mm512_fmadd_ps(_mm512_loadu_ps(x + m * k + i), w0, a[m]);
         b[m] = _mm512_fmadd_ps(_mm512_loadu_ps(x + m * k + i + 16), w1, b[m]);
       }
     }
-    for (; i < k; i += 16) {
-      const __mmask16 in = k - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (k - i)) - 1u);
-      const __m512 w0 = _mm512_maskz_loadu_ps(in, row + i);
-      for (int m = 0; m < M; ++m) a[m] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(in, x + m * k + i), w0, a[m]);
-    }
     for (int m = 0; m < M; ++m) total[m] = _mm512_reduce_add_ps(_mm512_add_ps(a[m], b[m]));
 #else
-    for (int m = 0; m < M; ++m) {
-      float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-      for (int64_t i = 0; i < k; ++i) dot += x[m * k + i] * row[i];
-      total[m] = dot;
-    }
+    for (int m = 0; m < M; ++m) total[m] = 0.0f;
 #endif
+    for (int m = 0; m < M; ++m) {  // the columns past the last whole 32 (all of them without AVX-512)
+      float dot = 0.0f;
+      for (int64_t j = i; j < k; ++j) dot += x[m * k + j] * widen(row[j]);
+      total[m] += dot;
+    }
     const float add = bias ? bias[r] : 0.0f;
     for (int m = 0; m < M; ++m) y[m * n + r] = total[m] + add;
   }
@@ -66,7 +111,8 @@ void rows(const float* x, const float* w, const float* bias, float* y, int64_t n
 // Output rows per task: enough work per task that the team's start-up is amortized, small enough to balance.
 constexpr int64_t kChunk = 16;
 
-void linear(const float* x, const float* w, const float* bias, float* y, int64_t m_rows, int64_t n, int64_t k) {
+template <typename W>
+void linear(const float* x, const W* w, const float* bias, float* y, int64_t m_rows, int64_t n, int64_t k) {
   const int64_t chunks = (n + kChunk - 1) / kChunk;
   for (int64_t m0 = 0; m0 < m_rows; m0 += 4) {
     const int64_t block = m_rows - m0 < 4 ? m_rows - m0 : 4;
@@ -89,10 +135,14 @@ void linear(const float* x, const float* w, const float* bias, float* y, int64_t
 
 extern "C" __attribute__((visibility("default"))) AOTITorchError aoti_torch_cpu_etsdk_linear(
     AtenTensorHandle x, AtenTensorHandle weight, AtenTensorHandle* bias, AtenTensorHandle* ret0) {
-  const int32_t f32 = aoti_torch_dtype_float32();
+  const int32_t f32 = aoti_torch_dtype_float32(), bf16 = aoti_torch_dtype_bfloat16(), f16 = aoti_torch_dtype_float16();
   int64_t *xs = nullptr, *ws = nullptr, *bs = nullptr;
   void *xp = nullptr, *wp = nullptr, *bp = nullptr;
-  if (!contiguous_tensor(x, 2, f32, &xs, &xp) || !contiguous_tensor(weight, 2, f32, &ws, &wp)) return AOTI_TORCH_FAILURE;
+  int32_t w_dtype = 0;
+  if (!weight || aoti_torch_get_dtype(weight, &w_dtype) || (w_dtype != f32 && w_dtype != bf16 && w_dtype != f16)) {
+    return AOTI_TORCH_FAILURE;
+  }
+  if (!contiguous_tensor(x, 2, f32, &xs, &xp) || !contiguous_tensor(weight, 2, w_dtype, &ws, &wp)) return AOTI_TORCH_FAILURE;
   const int64_t m_rows = xs[0], k = xs[1], n = ws[0];
   if (ws[1] != k) return AOTI_TORCH_FAILURE;
   if (bias && *bias && (!contiguous_tensor(*bias, 1, f32, &bs, &bp) || bs[0] != n)) return AOTI_TORCH_FAILURE;
@@ -102,7 +152,15 @@ extern "C" __attribute__((visibility("default"))) AOTITorchError aoti_torch_cpu_
   void* yp = nullptr;
   if (aoti_torch_get_data_ptr(*ret0, &yp)) return AOTI_TORCH_FAILURE;
   if (m_rows == 0 || n == 0) return AOTI_TORCH_SUCCESS;
-  linear(static_cast<const float*>(xp), static_cast<const float*>(wp), static_cast<const float*>(bp),
-         static_cast<float*>(yp), m_rows, n, k);
+  const float* xf = static_cast<const float*>(xp);
+  const float* bf = static_cast<const float*>(bp);
+  float* yf = static_cast<float*>(yp);
+  if (w_dtype == bf16) {
+    linear(xf, static_cast<const Bf16*>(wp), bf, yf, m_rows, n, k);
+  } else if (w_dtype == f16) {
+    linear(xf, static_cast<const F16*>(wp), bf, yf, m_rows, n, k);
+  } else {
+    linear(xf, static_cast<const float*>(wp), bf, yf, m_rows, n, k);
+  }
   return AOTI_TORCH_SUCCESS;
 }

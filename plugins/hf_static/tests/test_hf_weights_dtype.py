@@ -1,0 +1,138 @@
+"""A bfloat16 / float16 checkpoint exports with its own weight dtype: half the bytes, the same tokens.
+
+``etsdk export`` (``weights_dtype="auto"``) loads a 16-bit checkpoint in its dtype (memory-mapped, nothing
+copied) and keeps every linear / embedding weight 16-bit in the program, computing in float32; the program then
+generates what transformers generates from the same weights upcast to float32, through etsdk-aoti (decode on its
+GEMV reading the 16-bit weights) and the reference backend alike, and stores each weight once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import MARGIN, T, hf_generate, prompt_of
+from etsdk_hf_static.exporter import checkpoint_dtype, export
+from etsdk_hf_static.runner import HfStaticRunner
+from etsdk_hf_static.tiny import save_tiny_model
+
+S = 40
+NEW = 6
+AOTI_CPU = {"EtsdkAotiBackend": {"device": "cpu"}}
+
+
+@pytest.fixture(scope="module")
+def half_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The tiny Llama saved in bfloat16 and in float16 (transformers model directories)."""
+    root = tmp_path_factory.mktemp("half")
+    source = save_tiny_model(root / "float32", "llama", seed=3, positions=64)
+    from transformers import AutoModelForCausalLM
+
+    out = {}
+    for dtype in ("bfloat16", "float16"):
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, dtype))
+        model.save_pretrained(root / dtype)
+        out[dtype] = root / dtype
+    out["float32"] = source
+    return out
+
+
+@pytest.fixture(scope="module")
+def programs(half_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """bfloat16 kept (prefill on the reference backend, decode on etsdk-aoti: both read one entry per weight),
+    the same upcast with ``weights_dtype="float32"``, and float16 kept through etsdk-aoti alone."""
+    root = tmp_path_factory.mktemp("half-programs")
+    made = {}
+    for name, directory, dtype, prefill in (
+        ("bfloat16", half_dirs["bfloat16"], "auto", "reference"),
+        ("upcast", half_dirs["bfloat16"], "float32", "reference"),
+        ("float16", half_dirs["float16"], "auto", "aoti"),
+    ):
+        path = root / f"{name}.pte"
+        export(directory, path, prefill_backend=prefill, decode_backend="aoti", prefill_length=T, context_length=S,
+               weights_dtype=dtype, partitioner_options=AOTI_CPU, quiet=True)
+        made[name] = path
+    return made
+
+
+def _upcast(directory: Path) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+
+
+def _inspect(path: Path) -> dict[str, Any]:
+    """``etsdk inspect --json`` of ``path``."""
+    result = subprocess.run([sys.executable, "-m", "etsdk", "inspect", str(path), "--json"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report: dict[str, Any] = json.loads(result.stdout)
+    return report
+
+
+def _weight_entries(path: Path) -> dict[str, int]:
+    return {e["key"]: e["size"] for e in _inspect(path)["named_data"] if e["key"].startswith("weights/")}
+
+
+def test_the_checkpoint_dtype_is_read_from_its_config(half_dirs: dict[str, Path], tmp_path: Path) -> None:
+    assert checkpoint_dtype(half_dirs["bfloat16"]) == "bfloat16"
+    assert checkpoint_dtype(half_dirs["float16"]) == "float16"
+    assert checkpoint_dtype(half_dirs["float32"]) == "float32"
+    (tmp_path / "config.json").write_text("{not json")
+    assert checkpoint_dtype(tmp_path) == "float32"
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_16bit_program_generates_what_transformers_generates_from_the_upcast_weights(
+    half_dirs: dict[str, Path], programs: dict[str, Path], dtype: str
+) -> None:
+    reference = _upcast(half_dirs[dtype])
+    runner = HfStaticRunner.from_file(programs[dtype])
+    compared = 0
+    for length in (1, T + 3, 2 * T + 1):
+        prompt = prompt_of(length, seed=5)
+        expected, margin = hf_generate(reference, prompt, NEW)
+        if margin < MARGIN:
+            continue
+        got = runner.new_conversation().generate(prompt, max_new_tokens=NEW, stop_at_eos=False).token_ids
+        assert list(got) == expected, f"prompt of {length}: {got} != transformers {expected}"
+        compared += 1
+    assert compared >= 2, "too few prompts with a clear top-1 margin to compare"
+
+
+def test_the_program_stores_the_checkpoint_bytes_once_at_half_the_float32_size(
+    half_dirs: dict[str, Path], programs: dict[str, Path]
+) -> None:
+    kept, upcast = _weight_entries(programs["bfloat16"]), _weight_entries(programs["upcast"])
+    assert 0.45 < sum(kept.values()) / sum(upcast.values()) < 0.55, (sum(kept.values()), sum(upcast.values()))
+    from safetensors import safe_open
+
+    with safe_open(str(half_dirs["bfloat16"] / "model.safetensors"), framework="pt") as f:
+        for name in ("model.embed_tokens.weight", "model.layers.0.mlp.down_proj.weight"):
+            tensor = f.get_tensor(name)
+            assert tensor.dtype == torch.bfloat16
+            digest = hashlib.sha256(tensor.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+            assert f"weights/{digest}" in kept, f"{name}'s bfloat16 bytes are not one of the program's weight entries"
+    # both backends read the same entries: as many as the float32-upcast program has (one per weight)
+    assert len(kept) == len(upcast)
+
+
+def test_decode_reads_16bit_weights_on_the_gemv_and_says_so(programs: dict[str, Path]) -> None:
+    for name, wanted in (("float16", True), ("upcast", False)):
+        methods = _inspect(programs[name])["methods"]
+        (decode,) = methods["decode"]
+        assert ("aoti.kernels.linear16.v1" in decode["payload_features"]) is wanted, decode["payload_features"]
+        assert all("aoti.kernels.linear16.v1" not in d.get("payload_features", []) for d in methods["prefill"])
+
+
+def test_a_wrong_weights_dtype_is_refused_before_loading(tmp_path: Path) -> None:
+    from etsdk import ExportError
+
+    with pytest.raises(ExportError, match="weights_dtype must be one of auto, float32, bfloat16, float16, found 'int8'"):
+        export(tmp_path / "no-such-model", tmp_path / "out.pte", weights_dtype="int8", quiet=True)
+    assert not (tmp_path / "out.pte").exists()
