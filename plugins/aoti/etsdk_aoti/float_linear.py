@@ -7,7 +7,8 @@ whose weight is a float32 constant of the partition becomes a call of :data:`ets
 requires :data:`~etsdk_aoti.blob_format.LINEAR_FEATURE`. A bfloat16 / float16 constant widened to float32 first
 (``_to_copy`` / ``_to_dim_order_copy``: what :func:`etsdk.keep_16bit_weights` exports) is handed to the kernel as
 it is stored, which widens it in registers (half the bytes read; blob feature
-:data:`~etsdk_aoti.blob_format.LINEAR16_FEATURE`). Larger products (prefill) keep what Inductor picks.
+:data:`~etsdk_aoti.blob_format.LINEAR16_FEATURE`), whatever the rows (prefill too: a weight chunk stays in the
+core's cache over every row). Larger products of float32 weights (prefill) keep what Inductor picks.
 """
 
 from __future__ import annotations
@@ -77,8 +78,9 @@ def rewrite_float_linears(module: torch.fx.GraphModule, device: str) -> int:
     """Point the few-row float32 products of ``module`` (the unlifted partition) at the native GEMV; how many.
 
     Only on the CPU, only ``mm`` / ``addmm`` (beta = alpha = 1, a float32 constant bias of one dimension) whose
-    right operand is the transpose of a float32 constant (or of a bfloat16 / float16 one widened to float32) and
-    whose left one is a float32 ``[M, K]`` with ``M <= FEW_ROWS`` known at export."""
+    right operand is the transpose of a float32 constant and whose left one is a float32 ``[M, K]`` with
+    ``M <= FEW_ROWS`` known at export; or, any ``M``, the transpose of a bfloat16 / float16 constant widened to
+    float32."""
     if device != "cpu":
         return 0
     graph = module.graph
@@ -97,7 +99,10 @@ def rewrite_float_linears(module: torch.fx.GraphModule, device: str) -> int:
         value = getattr(x, "meta", {}).get("val")
         if weight is None or value is None or value.dtype != torch.float32 or value.dim() != 2:
             continue
-        if not isinstance(value.shape[0], int) or value.shape[0] > kernels.FEW_ROWS:
+        # float32 weights: decode's few rows only (prefill keeps the library GEMM); 16-bit ones: any rows (the
+        # kernel reads each weight once per call and keeps it cached over the rows, where Inductor would widen
+        # the whole weight to a float32 copy on every call first)
+        if not narrow and (not isinstance(value.shape[0], int) or value.shape[0] > kernels.FEW_ROWS):
             continue
         node.target = kernel_linear16 if narrow else kernel_linear
         node.args = (x, weight, bias)

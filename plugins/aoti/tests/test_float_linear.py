@@ -102,8 +102,8 @@ class _Widened(torch.nn.Module):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize(("rows", "expected"), [(1, 2), (8, 0)])
-def test_few_row_products_of_widened_16bit_weights_read_them_as_stored(dtype: torch.dtype, rows: int, expected: int) -> None:
+@pytest.mark.parametrize("rows", [1, 8, 33])
+def test_products_of_widened_16bit_weights_read_them_as_stored(dtype: torch.dtype, rows: int) -> None:
     from etsdk_aoti.serializer import prepare_graph
     from executorch.exir import EdgeCompileConfig, to_edge
 
@@ -113,12 +113,11 @@ def test_few_row_products_of_widened_16bit_weights_read_them_as_stored(dtype: to
     module = program.module()
     x = torch.randn(rows, 32)
     want = module(x)
-    assert rewrite_float_linears(module, "cpu") == expected
+    assert rewrite_float_linears(module, "cpu") == 2  # decode and prefill shapes alike
     calls = [n for n in module.graph.nodes if n.op == "call_function" and n.target is kernel_linear16]
-    assert len(calls) == expected
+    assert len(calls) == 2
     for call in calls:  # the 16-bit constant itself: no widened copy of the weight is left for Inductor to make
         assert call.args[1].op == "get_attr"
         assert module.get_parameter(str(call.args[1].target)).dtype == dtype
-    if expected:
-        assert not any(n.op == "call_function" and "to_dim_order_copy" in str(n.target) for n in module.graph.nodes)
+    assert not any(n.op == "call_function" and "to_dim_order_copy" in str(n.target) for n in module.graph.nodes)
     torch.testing.assert_close(module(x), want, rtol=1e-5, atol=1e-5)

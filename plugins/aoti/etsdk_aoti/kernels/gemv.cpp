@@ -114,14 +114,15 @@ constexpr int64_t kChunk = 16;
 template <typename W>
 void linear(const float* x, const W* w, const float* bias, float* y, int64_t m_rows, int64_t n, int64_t k) {
   const int64_t chunks = (n + kChunk - 1) / kChunk;
-  for (int64_t m0 = 0; m0 < m_rows; m0 += 4) {
-    const int64_t block = m_rows - m0 < 4 ? m_rows - m0 : 4;
-    const float* xb = x + m0 * k;
-    float* yb = y + m0 * n;
+  // Each task takes kChunk weight rows through every block of four x rows: the chunk's weights are read from
+  // memory once and stay in the core's cache for the other blocks (a prefill of 16-bit weights runs here too).
 #pragma omp parallel for schedule(static)
-    for (int64_t c = 0; c < chunks; ++c) {
-      const int64_t r0 = c * kChunk, r1 = r0 + kChunk < n ? r0 + kChunk : n;
-      switch (block) {
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t r0 = c * kChunk, r1 = r0 + kChunk < n ? r0 + kChunk : n;
+    for (int64_t m0 = 0; m0 < m_rows; m0 += 4) {
+      const float* xb = x + m0 * k;
+      float* yb = y + m0 * n;
+      switch (m_rows - m0 < 4 ? m_rows - m0 : 4) {
         case 1: rows<1>(xb, w, bias, yb, n, k, r0, r1); break;
         case 2: rows<2>(xb, w, bias, yb, n, k, r0, r1); break;
         case 3: rows<3>(xb, w, bias, yb, n, k, r0, r1); break;
