@@ -7,7 +7,7 @@ after an AOTInductor compile starts right after it), so the report says which st
 process per measurement (ru_maxrss never goes down).
 
 ``--checkpoint float32|bfloat16|float16``: the model is first written as a transformers checkpoint
-(safetensors) in that dtype and dropped, and the export reads the directory, as ``etsdk export --model DIR`` does
+(safetensors) in that dtype by another process (this one never holds it), and the export reads the directory, as ``etsdk export --model DIR`` does
 (weights kept in the checkpoint's dtype, memory-mapped from its file); the baseline is then the process before
 loading. Resident memory then counts the checkpoint's mapped file pages (reclaimable page cache) beside the
 anonymous memory the export allocates, so ``peak_anon_bytes`` (the largest ``RssAnon`` seen, sampled every 20
@@ -29,6 +29,7 @@ import json
 import os
 import re
 import resource
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -97,6 +98,12 @@ class _StageRecorder:
         return getattr(self.stream, name)
 
 
+def _model(args: argparse.Namespace) -> Any:
+    from etsdk_hf_static.tiny import tiny_model
+
+    return tiny_model("llama", hidden=args.hidden, layers=args.layers, vocab=args.vocab, heads=16, kv_heads=2, positions=512)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hidden", type=int, default=1024)
@@ -105,32 +112,35 @@ def main() -> None:
     parser.add_argument("--checkpoint", choices=("float32", "bfloat16", "float16"), default=None,
                         help="export from a safetensors checkpoint of this dtype (default: from the model object)")
     parser.add_argument("--smoke", action="store_true", help="1 layer, hidden 128, vocab 256")
+    parser.add_argument("--write-checkpoint", default=None, help=argparse.SUPPRESS)  # the --checkpoint writer process
     args = parser.parse_args()
     if args.smoke:
         args.hidden, args.layers, args.vocab = 128, 1, 256
+    if args.write_checkpoint:
+        import torch
+
+        _model(args).to(getattr(torch, args.checkpoint)).save_pretrained(args.write_checkpoint)
+        return
 
     from etsdk_hf_static.exporter import export
-    from etsdk_hf_static.tiny import tiny_model
 
     stages: dict[str, int] = {}
 
-    model: Any = tiny_model("llama", hidden=args.hidden, layers=args.layers, vocab=args.vocab, heads=16, kv_heads=2, positions=512)
     with tempfile.TemporaryDirectory() as tmp:
-        source: Any = model
+        source: Any
         checkpoint_bytes = None
         if args.checkpoint:
-            import gc
-
-            import torch
-
+            # written by another process: this one never holds the model (its freed pages would hide what the
+            # export allocates, and its peak would set ru_maxrss)
             source = Path(tmp) / "checkpoint"
-            model.to(getattr(torch, args.checkpoint)).save_pretrained(source)
-            del model
-            gc.collect()
+            subprocess.run([sys.executable, __file__, "--write-checkpoint", str(source), "--checkpoint", args.checkpoint,
+                            "--hidden", str(args.hidden), "--layers", str(args.layers), "--vocab", str(args.vocab)], check=True)
             checkpoint_bytes = sum(p.stat().st_size for p in source.glob("*.safetensors"))
             weights = checkpoint_bytes
+            from transformers import AutoModelForCausalLM  # noqa: F401 - in the baseline, as the model object path has it
         else:
-            weights = sum(p.numel() * p.element_size() for p in model.parameters())
+            source = _model(args)
+            weights = sum(p.numel() * p.element_size() for p in source.parameters())
         baseline, baseline_anon = _rss(), _anon()
         print(f"weights {weights / 2**20:.0f} MiB{f' ({args.checkpoint} checkpoint)' if args.checkpoint else ''}, "
               f"baseline RSS {baseline / 2**20:.0f} MiB", file=sys.stderr)

@@ -95,7 +95,10 @@ class Lowered:
         except BaseException:
             staging.abort()
             raise
-        _progress("written", self.quiet, started)
+        if not self.quiet:
+            size, seconds = sum(p.stat().st_size for p in written), time.perf_counter() - started
+            rate = f", {format_bytes(int(size / seconds))}/s" if seconds > 0.05 else ""
+            _progress(f"written: {format_bytes(size)}{rate}", self.quiet, started)
         return written
 
 
