@@ -18,7 +18,7 @@ from etsdk.backend import BlobReader, dequantize, weight_planes
 from etsdk.testing import capture_delegates
 from etsdk_aoti import BACKEND_ID, blob_format, kernels
 
-FORMATS = ["int8", "int8:g32", "int4:g32", "int4:g64:min", "int4:g128"]
+FORMATS = ["int8", "int8:g32", "int8:g64", "int4:g32", "int4:g64:min", "int4:g128"]
 
 
 @pytest.mark.parametrize("name", FORMATS)
