@@ -1,0 +1,112 @@
+"""Exporting a checkpoint never holds a copy of its weights: ``etsdk export`` runs inside a memory cgroup capped
+below the checkpoint's size.
+
+A bfloat16 checkpoint of 779 MiB (408M parameters, written by another process: this one never holds the model)
+is exported through the reference backend by ``etsdk export --model DIR`` moved into a cgroup whose memory limit is
+600 MiB. The export loads the checkpoint in its own dtype, memory-mapped (page cache, which the kernel reclaims at
+the limit), and streams every weight once into the program, so it fits; the program then generates what
+transformers generates from the upcast weights. The control: the same export with ``--weights-dtype float32``
+(a float32 copy of every weight, 1.6 GB) is killed by the same limit, so the limit does bite.
+
+Needs root and a writable memory cgroup (v1 ``memory.limit_in_bytes`` or v2 ``memory.max``); skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+CAP = 600 * 2**20
+V1 = Path("/sys/fs/cgroup/memory")
+V2 = Path("/sys/fs/cgroup")
+
+
+def _make_cgroup(name: str) -> tuple[Path, str] | None:
+    """A fresh memory cgroup limited to :data:`CAP` and the file to write a pid into, or None where none can be made."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return None
+    try:
+        if (V1 / "memory.limit_in_bytes").is_file():
+            group = V1 / name
+            group.mkdir(exist_ok=True)
+            (group / "memory.limit_in_bytes").write_text(str(CAP))
+            if (group / "memory.memsw.limit_in_bytes").is_file():  # no escape into swap
+                (group / "memory.memsw.limit_in_bytes").write_text(str(CAP))
+            return group, "cgroup.procs"
+        if "memory" in (V2 / "cgroup.controllers").read_text().split():
+            (V2 / "cgroup.subtree_control").write_text("+memory")
+            group = V2 / name
+            group.mkdir(exist_ok=True)
+            (group / "memory.max").write_text(str(CAP))
+            if (group / "memory.swap.max").is_file():
+                (group / "memory.swap.max").write_text("0")
+            return group, "cgroup.procs"
+    except OSError:
+        return None
+    return None
+
+
+@pytest.fixture(scope="module")
+def cgroup() -> Iterator[tuple[Path, str]]:
+    made = _make_cgroup(f"etsdk-test-{os.getpid()}")
+    if made is None:
+        pytest.skip("needs root and a writable memory cgroup (v1 memory.limit_in_bytes or v2 memory.max)")
+    yield made
+    try:
+        made[0].rmdir()
+    except OSError:
+        pass
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("capped") / "bf16"
+    code = (
+        "import sys, torch\n"
+        "from etsdk_hf_static.tiny import tiny_model\n"
+        "model = tiny_model('llama', hidden=2048, layers=8, vocab=32000, heads=16, kv_heads=2, positions=128)\n"
+        "model.to(torch.bfloat16).save_pretrained(sys.argv[1])\n"
+    )
+    subprocess.run([sys.executable, "-c", code, str(directory)], check=True, capture_output=True, timeout=600)
+    return directory
+
+
+def _capped_export(cgroup: tuple[Path, str], model: Path, output: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    group, procs = cgroup
+    command = [sys.executable, "-m", "etsdk", "export", "--model", str(model), "-o", str(output), "--backend", "reference",
+               "--context-length", "64", "--prefill-length", "8", *extra]
+    # the child moves itself into the cgroup before it imports anything, then execs the export
+    enter = f"import os, sys; open({str(group / procs)!r}, 'w').write(str(os.getpid())); os.execv(sys.executable, {command!r})"
+    return subprocess.run([sys.executable, "-c", enter], capture_output=True, text=True, timeout=900)
+
+
+def test_a_checkpoint_larger_than_the_memory_limit_exports_and_generates(
+    cgroup: tuple[Path, str], checkpoint: Path, tmp_path: Path
+) -> None:
+    size = sum(p.stat().st_size for p in checkpoint.glob("*.safetensors"))
+    assert size > 1.25 * CAP, f"the checkpoint ({size} bytes) must be well above the limit ({CAP})"
+    result = _capped_export(cgroup, checkpoint, tmp_path / "model.pte")
+    assert result.returncode == 0, f"exit {result.returncode} under a {CAP}-byte limit\n{result.stderr[-3000:]}"
+    assert "bfloat16" in result.stderr
+
+    from etsdk_hf_static.runner import HfStaticRunner
+    from transformers import AutoModelForCausalLM
+
+    prompt = [1, 17, 400, 9000, 31000]
+    got = HfStaticRunner.from_file(tmp_path / "model.pte").generate(prompt, max_new_tokens=4, stop_at_eos=False).token_ids
+    reference = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = reference.generate(torch.tensor([prompt]), max_new_tokens=4, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert list(got) == want[0, len(prompt):].tolist()
+
+
+def test_the_limit_bites_an_export_that_copies_the_weights(cgroup: tuple[Path, str], checkpoint: Path, tmp_path: Path) -> None:
+    result = _capped_export(cgroup, checkpoint, tmp_path / "upcast.pte", "--weights-dtype", "float32")
+    assert result.returncode in (-9, 137), f"an upcast export fit under {CAP} bytes (exit {result.returncode})"
+    assert not (tmp_path / "upcast.pte").exists()
