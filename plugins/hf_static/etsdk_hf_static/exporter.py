@@ -290,7 +290,7 @@ def export(
         raise ExportError(f"weights_dtype must be one of {', '.join(WEIGHTS_DTYPES)}, found {weights_dtype!r}")
     loaded, directory, gguf_tokenizer = _load_model(model, quiet, allow_requantize, weights_dtype)
     if directory is None and weights_dtype != "auto":
-        loaded.to(getattr(torch, weights_dtype))
+        _cast_weights(loaded, getattr(torch, weights_dtype))
     filled = wanted(attention, list(chosen.values()), loaded)
     if quantization is not None:
         _quantize(loaded, quantization, quiet)
@@ -324,6 +324,23 @@ def export(
     size = sum(p.stat().st_size for p in written if p.suffix in (".pte", ".ptd"))
     _say(f"done in {time.perf_counter() - started:.1f}s ({size / 2**20:.1f} MiB): {', '.join(str(p) for p in written)}", quiet)
     return written
+
+
+def _cast_weights(model: Any, dtype: Any) -> None:
+    """Cast ``model``'s linear and embedding weights to ``dtype`` in place (a tied weight stays one tensor); other
+    tensors are left to :func:`etsdk.keep_16bit_weights`, and quantized layers' stored tensors are not touched."""
+    import torch
+
+    cast: dict[int, torch.nn.Parameter] = {}
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if not isinstance(module, (torch.nn.Linear, torch.nn.Embedding)) or not isinstance(weight, torch.Tensor):
+            continue
+        if not weight.is_floating_point() or weight.dtype == dtype:
+            continue
+        if id(weight) not in cast:
+            cast[id(weight)] = torch.nn.Parameter(weight.detach().to(dtype), requires_grad=False)
+        module.weight = cast[id(weight)]
 
 
 def _windows(meta: HfStaticMetadata) -> str:

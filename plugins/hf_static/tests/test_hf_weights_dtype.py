@@ -136,3 +136,23 @@ def test_a_wrong_weights_dtype_is_refused_before_loading(tmp_path: Path) -> None
     with pytest.raises(ExportError, match="weights_dtype must be one of auto, float32, bfloat16, float16, found 'int8'"):
         export(tmp_path / "no-such-model", tmp_path / "out.pte", weights_dtype="int8", quiet=True)
     assert not (tmp_path / "out.pte").exists()
+
+
+def test_a_model_object_is_cast_weight_by_weight_leaving_quantized_layers_and_ties() -> None:
+    from etsdk import QuantizationPlan, quantize_model
+    from etsdk_hf_static.exporter import _cast_weights
+    from etsdk_hf_static.tiny import tiny_model
+
+    model = tiny_model("llama", seed=3)
+    model.lm_head.weight = model.model.embed_tokens.weight  # tied, as SmolLM2's are
+    _cast_weights(model, torch.bfloat16)
+    assert model.lm_head.weight is model.model.embed_tokens.weight and model.lm_head.weight.dtype == torch.bfloat16
+    assert model.model.layers[0].mlp.up_proj.weight.dtype == torch.bfloat16
+    assert model.model.norm.weight.dtype == torch.float32  # left to keep_16bit_weights
+
+    quantized = tiny_model("llama", seed=3)
+    quantize_model(quantized, QuantizationPlan.for_format("int8:g32:f16", embedding="float", head="float"))
+    _cast_weights(quantized, torch.bfloat16)
+    layer = quantized.model.layers[0].mlp.up_proj
+    assert layer.scales.dtype == torch.float16 and layer.qdata.dtype == torch.int8  # the format's own tensors
+    assert quantized.model.embed_tokens.weight.dtype == torch.bfloat16
