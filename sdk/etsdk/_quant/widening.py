@@ -100,11 +100,6 @@ class WideningReport:
         )
 
 
-def _set(model: torch.nn.Module, name: str, module: torch.nn.Module) -> None:
-    owner_name, _, leaf = name.rpartition(".")
-    setattr(model.get_submodule(owner_name) if owner_name else model, leaf, module)
-
-
 def keep_16bit_weights(model: torch.nn.Module) -> WideningReport:
     """Keep ``model``'s 16-bit linear / embedding weights, convert the rest to float32, compute in float32.
 
@@ -114,7 +109,7 @@ def keep_16bit_weights(model: torch.nn.Module) -> WideningReport:
     (:func:`etsdk.quantize_model`) compute in float32 too. Other modules' floating-point parameters and
     buffers become float32. A model with no 16-bit weight is only converted.
     """
-    from etsdk._quant.modules import QuantizedEmbedding
+    from etsdk._quant.modules import QuantizedEmbedding, _set
 
     report = WideningReport()
     seen: set[int] = set()
