@@ -81,6 +81,21 @@ def test_a_quantized_embedding_computes_in_float32() -> None:
     assert model.embed(torch.tensor([[3]])).dtype == torch.float32
 
 
+def test_a_quantized_layers_stored_tensors_keep_their_formats_dtypes() -> None:
+    """float16 scales are the format's bytes (int4:g32:f16, Q4_0's): converting them would break the format."""
+    from etsdk import QuantizationPlan, quantize_model
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(50, 64), torch.nn.LayerNorm(64), torch.nn.Linear(64, 32)).to(torch.bfloat16)
+    quantize_model(model, QuantizationPlan.for_format("int4:g32:min:f16:a8", embedding="int8:g32:f16", head="float"))
+    stored = {n: (t.dtype, t.data_ptr()) for n, t in model.named_buffers() if n.rsplit(".", 1)[-1] in ("qdata", "scales", "mins")}
+    assert {d for d, _ in stored.values()} == {torch.uint8, torch.int8, torch.float16}
+    keep_16bit_weights(model)
+    after = {n: (t.dtype, t.data_ptr()) for n, t in model.named_buffers() if n in stored}
+    assert after == stored  # neither converted nor copied
+    assert model[1].weight.dtype == torch.float32 and model(torch.tensor([[3, 4]])).dtype == torch.float32
+
+
 def test_widened_modules_refuse_a_weight_they_do_not_widen() -> None:
     with pytest.raises(ValueError, match="keeps a 2-D bfloat16 or float16 weight, found torch.float32"):
         WidenedLinear(torch.nn.Parameter(torch.zeros(4, 4)), None)

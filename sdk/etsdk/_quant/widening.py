@@ -106,10 +106,10 @@ def keep_16bit_weights(model: torch.nn.Module) -> WideningReport:
     Changes ``model`` in place. A ``torch.nn.Linear`` / ``torch.nn.Embedding`` (or an embedding subclass
     with an ``embed_scale``) whose weight is bfloat16 or float16 becomes a :class:`WidenedLinear` /
     :class:`WidenedEmbedding` holding the same tensor (no copy); quantized layers
-    (:func:`etsdk.quantize_model`) compute in float32 too. Other modules' floating-point parameters and
-    buffers become float32. A model with no 16-bit weight is only converted.
+    (:func:`etsdk.quantize_model`) compute in float32 too, their stored tensors kept as their format stores them
+    (float16 scales stay float16). Other modules' floating-point parameters and buffers become float32. A model with no 16-bit weight is only converted.
     """
-    from etsdk._quant.modules import QuantizedEmbedding, _set
+    from etsdk._quant.modules import QuantizedEmbedding, _set, _Stored
 
     report = WideningReport()
     seen: set[int] = set()
@@ -136,6 +136,8 @@ def keep_16bit_weights(model: torch.nn.Module) -> WideningReport:
     for name, replacement in swaps:
         _set(model, name, replacement)
     kept = {id(module.weight) for module in model.modules() if isinstance(module, (WidenedLinear, WidenedEmbedding))}
+    # a quantized layer's stored tensors are its format's bytes (float16 scales stay float16): never converted
+    kept |= {id(t) for module in model.modules() if isinstance(module, _Stored) for t in module.buffers(recurse=False)}
     for module in model.modules():
         for name, tensor in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
             if tensor is None or id(tensor) in kept or not tensor.is_floating_point() or tensor.dtype == torch.float32:
