@@ -37,7 +37,9 @@ Check a backend with the conformance kit: ``etsdk conformance BACKEND_ID`` (or
 Quantized weights: a call of ``etsdk::linear_q`` / ``etsdk::embedding_q`` carries
 its weight's :class:`WeightFormat`; :func:`quantized_call` reads it from a node,
 a backend declares the formats it runs (``BackendSpec.weight_formats``) and
-derives the planes it needs at load with :func:`weight_planes`.
+derives the planes it needs at load with :func:`weight_planes`. The ``:a8`` formats
+(``int4:g32:a8``) round a linear layer's input to int8 per block of 32 first
+(:func:`quantize_activations`): a backend declares them only if it computes that.
 
 Attention over the filled rows: ``etsdk::attention`` (:data:`ATTENTION`) is SDPA under a boolean mask that reads
 only the key / value rows some query sees (:func:`filled_rows`); a backend that claims it declares
@@ -71,6 +73,7 @@ if TYPE_CHECKING:
         filled_rows,
         quantize_rows,
     )
+    from etsdk._quant.activations import dequantize_activations, quantize_activations
     from etsdk._quant.ops import QuantizedCall, call_arguments, quantized_call
     from etsdk._quant.planes import Planes, dequantize, weight_planes
 
@@ -106,9 +109,11 @@ __all__ = [
     "calls_attention",
     "cache_dir",
     "dequantize",
+    "dequantize_activations",
     "dequantize_rows",
     "dtype_name",
     "filled_rows",
+    "quantize_activations",
     "quantize_rows",
     "quantized_call",
     "readonly_tensor",
@@ -131,6 +136,8 @@ _LAZY = {
     "Planes": "etsdk._quant.planes",
     "dequantize": "etsdk._quant.planes",
     "weight_planes": "etsdk._quant.planes",
+    "quantize_activations": "etsdk._quant.activations",
+    "dequantize_activations": "etsdk._quant.activations",
 }
 
 

@@ -20,6 +20,8 @@ from etsdk.backend import WeightLayout, dequantize, weight_planes
         ("int4", "int4:g32", {"qdata": ("uint8", (4, 32)), "scales": ("float32", (4, 2))}),
         ("int4:64", "int4:g64", {"qdata": ("uint8", (4, 32)), "scales": ("float32", (4, 1))}),
         ("int4:g32:min:f16", "int4:g32:min:f16", {"qdata": ("uint8", (4, 32)), "scales": ("float16", (4, 2)), "mins": ("float16", (4, 2))}),
+        ("int4:a8", "int4:g32:a8", {"qdata": ("uint8", (4, 32)), "scales": ("float32", (4, 2))}),
+        ("int4:a8:min:64", "int4:g64:min:a8", {"qdata": ("uint8", (4, 32)), "scales": ("float32", (4, 1)), "mins": ("float32", (4, 1))}),
         ("q8_0", "q8_0", {"blocks": ("uint8", (4, 68))}),
         ("q4_0", "q4_0", {"blocks": ("uint8", (4, 36))}),
         ("q4_1", "q4_1", {"blocks": ("uint8", (4, 40))}),
@@ -38,6 +40,9 @@ def test_every_format_parses_back_to_itself() -> None:
     assert len({f.name for f in every}) == len(every) == 42
     assert all(WeightFormat.parse(f.name) == f for f in every)
     assert WeightFormat.parse("q4_1").planes_format == WeightFormat.parse("int4:g32:min:f16")
+    with_a8 = WeightFormat.every(int8_activations=True)
+    added = [f for f in with_a8 if f not in every]
+    assert len(added) == 24 and all(f.int8_activations and f.bits == 4 and WeightFormat.parse(f.name) == f for f in added)
 
 
 @pytest.mark.parametrize(
@@ -46,6 +51,7 @@ def test_every_format_parses_back_to_itself() -> None:
         ("int3", "unknown weight format 'int3'"),
         ("int4:g48", "group size must be one of 32, 64, 128, 256"),
         ("int8:min", "8-bit weights are symmetric"),
+        ("int8:a8", r"int8 activations \(:a8\) are an option of the 4-bit planes formats"),
         ("int4:g32:fp8", "unknown part 'fp8'"),
         ("", "a weight format is a name"),
     ],
@@ -166,3 +172,46 @@ def test_a_plan_keeps_layers_in_float_when_asked() -> None:
     net = _Net().eval()
     report = quantize_model(net, plan)
     assert report.quantized == {"proj": "int8"} and type(net.embed) is torch.nn.Embedding and type(net.head) is torch.nn.Linear
+
+
+def test_int8_activations_round_each_block_of_32_as_llama_cpp_does() -> None:
+    from etsdk.backend import dequantize_activations, quantize_activations
+
+    generator = torch.Generator().manual_seed(0)
+    x = 5 * torch.randn(3, 96, generator=generator)
+    x[1, 32:64] = 0.0  # a block of zeros: scale 0, values 0
+    x[2, 0] = 127 / 2 * 0.01  # with the block's largest value 0.01 * 127 ... a half to round (to even)
+    x[2, 1:32] = 0.001
+    x[2, 2] = 1.27
+    q, d = quantize_activations(x)
+    assert q.shape == x.shape and d.shape == (3, 3)
+    for row in range(3):
+        for block in range(3):
+            values = x[row, block * 32 : (block + 1) * 32].tolist()
+            scale = torch.tensor(max(abs(v) for v in values), dtype=torch.float32) / 127  # float32 steps throughout
+            inverse = 1 / scale if scale != 0 else torch.tensor(0.0)
+            want = [float(torch.round(torch.tensor(v, dtype=torch.float32) * inverse)) for v in values]
+            assert d[row, block] == scale
+            assert q[row, block * 32 : (block + 1) * 32].tolist() == want
+    assert q.abs().max() == 127 and q[2, 0] == 64  # 63.5 rounds half to even
+    assert torch.equal(dequantize_activations(q, d)[1, 32:64], torch.zeros(32))
+    with pytest.raises(ValueError, match="blocks of 32 values; a row has 40"):
+        quantize_activations(torch.zeros(2, 40))
+
+
+def test_a_linear_with_int8_activations_computes_on_the_rounded_input() -> None:
+    from etsdk.backend import dequantize_activations, quantize_activations
+
+    generator = torch.Generator().manual_seed(1)
+    weight, x = torch.randn(24, 64, generator=generator), torch.randn(2, 64, generator=generator)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 24, bias=False))
+    net[0].weight.data = weight
+    quantize_model(net, QuantizationPlan(linear=WeightFormat.parse("int4:g32:a8")))
+    layer = net[0]
+    fmt = WeightFormat.parse(layer.format)
+    exact = dequantize(weight_planes(fmt, {"qdata": layer.qdata, "scales": layer.scales}, (24, 64)))
+    with torch.no_grad():
+        got = net(x)
+    rounded = dequantize_activations(*quantize_activations(x))
+    torch.testing.assert_close(got, rounded @ exact.t(), atol=1e-5, rtol=0)
+    assert not torch.allclose(got, x @ exact.t(), atol=1e-4, rtol=0)

@@ -16,6 +16,18 @@ Math, for value ``q`` of group ``g`` with scale ``s`` (and minimum ``m``):
 * with a minimum: ``w = q * s + m`` (llama.cpp's Q4_1; a torchao-style integer
   zero point ``z`` is the minimum ``-z * s``).
 
+Int8 activations (``:a8``, 4-bit formats): the same stored weight, but a linear
+layer first quantizes each row of its input in blocks of 32 values, as
+llama.cpp's Q8_0 / Q8_1 activations: ``d = max|x| / 127``, ``q = round(x * (1 /
+d))`` (half to even; ``q = 0`` when ``d == 0``), and computes with ``q * d``
+(:func:`etsdk.backend.quantize_activations`). It changes the numerics (every
+input rounded to 8 bits per block), so it is part of the format's name: a
+backend declaring ``int4:g32:a8`` computes that math, one that declares only
+``int4:g32`` refuses the weight. A kernel can then multiply integers (VNNI dot
+products) instead of widening every 4-bit value to float: the formats that
+decode fastest on CPUs. Embeddings read rows of the weight, which the
+activations do not touch.
+
 Layouts:
 
 * :attr:`WeightLayout.PLANES` (formats etsdk quantizes itself): three tensors,
@@ -99,6 +111,8 @@ class WeightFormat:
     scale_dtype: str = "float32"
     #: How the bytes are laid out: etsdk's planes, or one of llama.cpp's GGUF block layouts.
     layout: WeightLayout = WeightLayout.PLANES
+    #: A linear layer quantizes its input to int8 in blocks of 32 first (``:a8``; 4-bit planes formats).
+    int8_activations: bool = False
 
     def __post_init__(self) -> None:
         if self.bits not in (4, 8):
@@ -111,6 +125,8 @@ class WeightFormat:
             raise ValueError("8-bit weights are symmetric (no minimum)")
         if self.scale_dtype not in _SCALE_DTYPES:
             raise ValueError(f"scale dtype must be one of {', '.join(_SCALE_DTYPES)}, found {self.scale_dtype!r}")
+        if self.int8_activations and (self.bits != 4 or self.layout is not WeightLayout.PLANES):
+            raise ValueError("int8 activations (:a8) are an option of the 4-bit planes formats (int4:gGROUP[:min]:a8)")
         if self.layout is not WeightLayout.PLANES:
             found = (self.bits, self.group_size, self.with_min, self.scale_dtype)
             if found != _GGUF_FIELDS[self.layout]:
@@ -119,7 +135,7 @@ class WeightFormat:
     @property
     def name(self) -> str:
         """The format's one spelling: ``int8``, ``int8:g32``, ``int4:g32``, ``int4:g64:min``, ``int4:g32:f16``,
-        ``q8_0``, ``q4_0``, ``q4_1``."""
+        ``int4:g32:a8``, ``q8_0``, ``q4_0``, ``q4_1``."""
         if self.layout is not WeightLayout.PLANES:
             return self.layout.value
         text = f"int{self.bits}"
@@ -127,7 +143,7 @@ class WeightFormat:
             text += f":g{self.group_size}"
         if self.with_min:
             text += ":min"
-        return text + _SCALE_DTYPES[self.scale_dtype]
+        return text + _SCALE_DTYPES[self.scale_dtype] + (":a8" if self.int8_activations else "")
 
     def __str__(self) -> str:
         return self.name
@@ -146,12 +162,13 @@ class WeightFormat:
         head, *rest = text.split(":")
         if head not in ("int8", "int4"):
             raise ValueError(
-                f"unknown weight format {text!r}: expected int8[:gGROUP], int4[:gGROUP][:min], with :f16 or :bf16 "
+                f"unknown weight format {text!r}: expected int8[:gGROUP], int4[:gGROUP][:min][:a8], with :f16 or :bf16 "
                 "scales, or a GGUF block format q8_0, q4_0, q4_1"
             )
         bits = int(head[3:])
         group: int | None = 32 if bits == 4 else None
         with_min = False
+        int8_activations = False
         scale_dtype = "float32"
         for part in rest:
             digits = part[1:] if part.startswith("g") else part
@@ -159,15 +176,19 @@ class WeightFormat:
                 group = int(digits)
             elif part == "min":
                 with_min = True
+            elif part == "a8":
+                int8_activations = True
             elif part in _SCALE_SUFFIXES:
                 scale_dtype = _SCALE_SUFFIXES[part]
             else:
-                raise ValueError(f"weight format {text!r}: unknown part {part!r} (a group gGROUP, min, f16 or bf16)")
-        return cls(bits, group, with_min, scale_dtype)
+                raise ValueError(f"weight format {text!r}: unknown part {part!r} (a group gGROUP, min, f16, bf16 or a8)")
+        return cls(bits, group, with_min, scale_dtype, int8_activations=int8_activations)
 
     @classmethod
-    def every(cls) -> tuple[WeightFormat, ...]:
-        """Every format etsdk describes (for a backend that computes them all, such as the reference backend)."""
+    def every(cls, *, int8_activations: bool = False) -> tuple[WeightFormat, ...]:
+        """Every weight-only format etsdk describes (for a backend that computes them all, such as the reference
+        backend); with ``int8_activations``, the ``:a8`` forms of the 4-bit ones too (a backend that declares them
+        quantizes a linear layer's input as the module docstring says)."""
         found: list[WeightFormat] = []
         for scale_dtype in _SCALE_DTYPES:
             found.append(cls(8, None, False, scale_dtype))
@@ -175,6 +196,9 @@ class WeightFormat:
                 found.append(cls(8, group, False, scale_dtype))
                 found.append(cls(4, group, False, scale_dtype))
                 found.append(cls(4, group, True, scale_dtype))
+                if int8_activations:
+                    found.append(cls(4, group, False, scale_dtype, int8_activations=True))
+                    found.append(cls(4, group, True, scale_dtype, int8_activations=True))
         return (*found, *(_gguf(layout) for layout in _GGUF_FIELDS))
 
     @property

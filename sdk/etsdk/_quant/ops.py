@@ -5,7 +5,9 @@ the weight arrives as its stored tensors and the format's name, so every
 partitioner sees each weight's format in the graph and claims the call only in
 formats its backend declares (``BackendSpec.weight_formats``). Their eager
 implementations are the reference: dequantize by the format's math
-(:func:`etsdk._quant.planes.dequantize`, float32), then compute. Backends
+(:func:`etsdk._quant.planes.dequantize`, float32), then compute (for the
+``:a8`` formats, on the input rounded to int8 per block:
+:mod:`etsdk._quant.activations`). Backends
 replace them with kernels that read the packed bytes (etsdk-aoti) or lower
 them to their own IR.
 
@@ -27,6 +29,7 @@ from typing import Any
 import torch
 
 from etsdk._format.weight_format import GGUF_BLOCK, WeightFormat, WeightLayout, WeightUse
+from etsdk._quant.activations import dequantize_activations, quantize_activations
 from etsdk._quant.planes import dequantize, weight_planes
 
 __all__ = ["EMBEDDING_Q", "LINEAR_Q", "QuantizedCall", "call_arguments", "columns_of", "quantized_call"]
@@ -69,7 +72,8 @@ def linear_q(
     fmt = weight_format(format)
     shape = (int(qdata.shape[0]), columns_of(fmt, tuple(qdata.shape)))
     weight = dequantize(weight_planes(fmt, _stored(fmt, qdata, scales, mins), shape))
-    out = torch.nn.functional.linear(x.float(), weight, bias.float() if bias is not None else None)
+    values = dequantize_activations(*quantize_activations(x)) if fmt.int8_activations else x.float()
+    out = torch.nn.functional.linear(values, weight, bias.float() if bias is not None else None)
     return out.to(x.dtype)
 
 

@@ -201,7 +201,7 @@ def test_filled_attention_like_eager(kit: Kit) -> None:
 
 
 #: The formats the quantized-weights behaviour tries, each one the backend declares (int8 first: the commonest).
-QUANTIZED_FORMATS = ("int8", "int4:g32", "int4:g32:min", "int8:g32", "q8_0", "q4_0", "q4_1")
+QUANTIZED_FORMATS = ("int8", "int4:g32", "int4:g32:min", "int8:g32", "int4:g32:a8", "q8_0", "q4_0", "q4_1")
 
 
 def test_quantized_weights_like_eager(kit: Kit) -> None:

@@ -48,7 +48,7 @@ def etsdk_register_backends() -> list[BackendSpec]:
             capabilities=frozenset({Capability.CPU, Capability.NAMED_DATA, Capability.CALLER_OWNED_STATE, Capability.FILLED_ATTENTION}),
             description="computes its partitions with plain torch ops (reference and example)",
             # the quantized operators' own reference math (dequantize, then compute): every format
-            weight_formats=tuple(f.name for f in WeightFormat.every()),
+            weight_formats=tuple(f.name for f in WeightFormat.every(int8_activations=True)),
             options=(
                 Option("ops", (list, tuple, frozenset, set), None, "aten operator names to claim (default: every one)"),
             ),
