@@ -70,11 +70,13 @@ ATTENTION_INT8_FEATURE = "aoti.kernels.attention_int8.v1"
 LINEAR_FEATURE = "aoti.kernels.linear.v1"
 #: ... with bfloat16 / float16 weights (a reader whose kernel takes float32 weights only would fail the call)
 LINEAR16_FEATURE = "aoti.kernels.linear16.v1"
+#: the library calls the int8-activation product of the ``:a8`` formats (``aoti_torch_cpu_etsdk_qmm_a8``)
+QMM_A8_FEATURE = "aoti.kernels.qmm_a8.v1"
 #: constants read from their own named-data entries or derived at load (sources "entry" / "derived")
 NAMED_CONSTANTS_FEATURE = "aoti.named_constants.v1"
 KNOWN_FEATURES = frozenset(
     {BLOB_FEATURE, STATE_INPUTS_FEATURE, NAMED_CONSTANTS_FEATURE, KERNELS_FEATURE, ATTENTION_FEATURE, ATTENTION_INT8_FEATURE, LINEAR_FEATURE,
-     LINEAR16_FEATURE}
+     LINEAR16_FEATURE, QMM_A8_FEATURE}
 )
 
 PRODUCER = "etsdk-aoti"
@@ -173,11 +175,13 @@ class AotiBlob:
     calls_linear: bool = False
     #: ... with bfloat16 / float16 weights (feature ``aoti.kernels.linear16.v1``)
     calls_linear16: bool = False
+    #: the library calls the ``:a8`` formats' product (feature ``aoti.kernels.qmm_a8.v1``)
+    calls_qmm_a8: bool = False
 
     @property
     def calls_native(self) -> bool:
         """Whether the library calls into etsdk-aoti's kernels library (which must be loaded first)."""
-        return self.calls_kernels or self.calls_attention or self.calls_attention_int8 or self.calls_linear
+        return self.calls_kernels or self.calls_attention or self.calls_attention_int8 or self.calls_linear or self.calls_qmm_a8
 
     def required_features(self) -> list[str]:
         features = [BLOB_FEATURE]
@@ -195,6 +199,8 @@ class AotiBlob:
             features.append(LINEAR_FEATURE)
         if self.calls_linear16:
             features.append(LINEAR16_FEATURE)
+        if self.calls_qmm_a8:
+            features.append(QMM_A8_FEATURE)
         return features
 
     @property
@@ -310,7 +316,7 @@ def decode(payload: memoryview | bytes, *, state_bindings: int | None = None) ->
     return AotiBlob(
         config, constants, library, calls_kernels=KERNELS_FEATURE in features, calls_attention=ATTENTION_FEATURE in features,
         calls_attention_int8=ATTENTION_INT8_FEATURE in features, calls_linear=LINEAR_FEATURE in features,
-        calls_linear16=LINEAR16_FEATURE in features,
+        calls_linear16=LINEAR16_FEATURE in features, calls_qmm_a8=QMM_A8_FEATURE in features,
     )
 
 

@@ -55,7 +55,7 @@ def etsdk_register_backends() -> list[BackendSpec]:
             probe=_probe,
             description="AOTInductor-compiled partitions run through the model-container C API (cpu or cuda)",
             # quantized linears run on etsdk-aoti's kernels, embeddings in generated code: every format (CPU only)
-            weight_formats=tuple(f.name for f in WeightFormat.every()),
+            weight_formats=tuple(f.name for f in WeightFormat.every(int8_activations=True)),
             options=(
                 Option("device", str, None, "cpu, cuda or cuda:N (default: cuda when available)"),
                 Option(

@@ -1,7 +1,8 @@
 """Quantized weights in an AOTInductor partition: rewrite the calls onto etsdk-aoti's kernels before compiling.
 
 Every ``etsdk::linear_q`` becomes a call of :data:`etsdk_aoti.kernels.QMM` (the
-native kernels read the packed bytes), every ``etsdk::embedding_q`` a row
+native kernels read the packed bytes; :data:`~etsdk_aoti.kernels.QMM_A8` for the
+int8-activation ``:a8`` formats, blob feature ``aoti.kernels.qmm_a8.v1``), every ``etsdk::embedding_q`` a row
 gather and a dequantization that Inductor generates. The kernels read the
 planes layout with float32 scales; a weight stored otherwise (GGUF blocks,
 float16 / bfloat16 scales) gets the planes it needs as new constants of the
@@ -10,8 +11,8 @@ weight's stored tensors (``etsdk.backend.weight_planes``), so the program
 stores each weight once, in its own format, whichever backends read it.
 
 Formats: every one etsdk describes (8-bit per row or in groups, 4-bit in
-groups with or without a minimum, any scale dtype, the GGUF blocks Q8_0 / Q4_0 /
-Q4_1), on the CPU only: a CUDA partition with a quantized weight is refused at
+groups with or without a minimum, with float or int8 activations, any scale
+dtype, the GGUF blocks Q8_0 / Q4_0 / Q4_1), on the CPU only: a CUDA partition with a quantized weight is refused at
 export.
 """
 
@@ -27,7 +28,7 @@ from etsdk.backend import WeightFormat, WeightLayout, WeightUse, call_arguments,
 
 from etsdk_aoti import kernels
 
-__all__ = ["Derived", "check_device", "derive_planes", "linear", "rewrite_quantized"]
+__all__ = ["Derived", "check_device", "derive_planes", "linear", "linear_a8", "rewrite_quantized"]
 
 PLANES = ("qdata", "scales", "mins")
 
@@ -57,6 +58,14 @@ def linear(x: torch.Tensor, qdata: torch.Tensor, scales: torch.Tensor, mins: Any
     columns = x.shape[-1]
     flat = x.reshape(-1, columns).to(torch.float32).contiguous()
     out = kernels.QMM(flat, qdata, scales, mins, bias.to(torch.float32) if bias is not None else None, bits, group)
+    return out.reshape(*x.shape[:-1], qdata.shape[0]).to(x.dtype)
+
+
+def linear_a8(x: torch.Tensor, qdata: torch.Tensor, scales: torch.Tensor, mins: Any, bias: Any, group: int) -> torch.Tensor:
+    """``x @ w.T + bias`` for the ``:a8`` formats (4-bit weights, ``x`` rounded to int8 per block of 32)."""
+    columns = x.shape[-1]
+    flat = x.reshape(-1, columns).to(torch.float32).contiguous()
+    out = kernels.QMM_A8(flat, qdata, scales, mins, bias.to(torch.float32) if bias is not None else None, group)
     return out.reshape(*x.shape[:-1], qdata.shape[0]).to(x.dtype)
 
 
@@ -118,13 +127,15 @@ def rewrite_quantized(module: torch.fx.GraphModule) -> dict[str, Derived]:
         stored_nodes = {("blocks" if fmt.layout is not WeightLayout.PLANES and name == "qdata" else name): n for name, n in nodes.items() if n is not None}
         stored = {name: _attr(module, n) for name, n in stored_nodes.items()}
         planes = derive_planes(fmt, stored, call.shape)
+        # the :a8 kernel reads float16 scales and minimums as stored (Q4_0's bytes); the others, float32 planes
+        halves = call.use is WeightUse.LINEAR and fmt.int8_activations and fmt.scale_dtype == "float16"
         args: dict[str, Any] = {}
         for plane in PLANES:
             if plane not in planes:
                 args[plane] = None
                 continue
             original = stored.get(plane) if fmt.layout is WeightLayout.PLANES else None
-            if original is not None and original.dtype == planes[plane].dtype:
+            if original is not None and (original.dtype == planes[plane].dtype or halves):
                 args[plane] = nodes[plane]  # the stored tensor itself: read from its own entry, zero-copy
                 continue
             fqn = f"etsdk_q{index}_{plane}"
@@ -135,7 +146,10 @@ def rewrite_quantized(module: torch.fx.GraphModule) -> dict[str, Derived]:
         index += 1
         group = fmt.group_size or 0
         given = call_arguments(node)
-        if call.use is WeightUse.LINEAR:
+        if call.use is WeightUse.LINEAR and fmt.int8_activations:
+            node.target = linear_a8
+            node.args = (given["x"], args["qdata"], args["scales"], args["mins"], given["bias"], group)
+        elif call.use is WeightUse.LINEAR:
             node.target = linear
             node.args = (given["x"], args["qdata"], args["scales"], args["mins"], given["bias"], fmt.bits, group)
         else:

@@ -49,6 +49,7 @@ from etsdk_aoti.op_names import op_name as _op_name
 from etsdk_aoti.partitioner import DEVICE_SPEC, KERNEL_THREADS_SPEC
 from etsdk_aoti.quantized import Derived, check_device, rewrite_quantized
 from etsdk_aoti.quantized import linear as _qmm_linear
+from etsdk_aoti.quantized import linear_a8 as _qmm_linear_a8
 
 INDUCTOR_OPTIONS = {
     "aot_inductor.package": True,
@@ -270,6 +271,10 @@ class Compiled:
     def calls_linear16(self) -> bool:
         return any(node.target is kernel_linear16 for node in self.module.graph.nodes if node.op == "call_function")
 
+    @property
+    def calls_qmm_a8(self) -> bool:
+        return any(node.target is _qmm_linear_a8 for node in self.module.graph.nodes if node.op == "call_function")
+
 
 def compile_partition(
     edge_program: Any,
@@ -307,6 +312,8 @@ def compile_partition(
     targets = {node.target for node in module.graph.nodes if node.op == "call_function"}
     if _qmm_linear in targets:
         shims[kernels.QMM] = [kernels.C_SHIM]
+    if _qmm_linear_a8 in targets:
+        shims[kernels.QMM_A8] = [kernels.QMM_A8_C_SHIM]
     if kernel_attention in targets:
         shims[kernels.KERNEL_ATTENTION] = [kernels.ATTENTION_C_SHIM]
     if kernel_attention_int8 in targets:
@@ -422,7 +429,7 @@ def preprocess(partition: Partition) -> bytes:
         blob = AotiBlob(
             config, constants, compiled.library, calls_kernels=compiled.calls_kernels, calls_attention=compiled.calls_attention,
             calls_attention_int8=compiled.calls_attention_int8, calls_linear=compiled.calls_linear,
-            calls_linear16=compiled.calls_linear16,
+            calls_linear16=compiled.calls_linear16, calls_qmm_a8=compiled.calls_qmm_a8,
         )
         return blob_format.encode(blob)  # the library file is deleted below
     finally:

@@ -36,6 +36,24 @@ def test_the_kernel_computes_the_formats_math(name: str, rows: int) -> None:
         torch.testing.assert_close(got, want, atol=2e-5 * float(want.abs().max()), rtol=0)
 
 
+@pytest.mark.parametrize("name", ["int4:g32:a8", "int4:g64:min:a8", "int4:g128:a8", "int4:g32:f16:a8", "int4:g64:min:f16:a8"])
+@pytest.mark.parametrize("rows", [1, 3, 64])  # decode (VNNI integer products) and the float paths on rounded rows
+def test_the_int8_activation_kernel_computes_the_formats_math(name: str, rows: int) -> None:
+    fmt = WeightFormat.parse(name)
+    generator = torch.Generator().manual_seed(rows)
+    for n, k in ((37, 256), (100, 128), (9, 384)):  # 384 / 64 chunks: a last chunk of one block of 32 at g32
+        weight = torch.randn(n, k, generator=generator)
+        stored = etsdk.quantize_weight(weight, fmt)
+        x, bias = 3 * torch.randn(rows, k, generator=generator), torch.randn(n, generator=generator)
+        x[0, :32] = 0.0  # a block of zeros: scale 0
+        args = (x, stored["qdata"], stored["scales"], stored.get("mins"), bias)
+        got = kernels.qmm(*args, bits=4, group=fmt.group_size, int8_activations=True)
+        want = torch.ops.etsdk.linear_q(*args, name)  # the core's reference math for the format
+        torch.testing.assert_close(got, want, atol=2e-6 * float(want.abs().max()), rtol=0)
+        float_activations = torch.ops.etsdk.linear_q(*args, name.removesuffix(":a8"))
+        assert (float_activations - want).abs().max() > 1e-4 * float(want.abs().max())  # the rounding is visible
+
+
 def test_one_scale_per_row_takes_any_row_length() -> None:
     fmt = WeightFormat.parse("int8")
     weight, x = torch.randn(24, 83), torch.randn(2, 83)  # 83: a vector and a masked tail
@@ -93,7 +111,7 @@ def _gguf_net() -> Net:
     return net
 
 
-@pytest.mark.parametrize("source", ["int4", "int8:g32:f16", "gguf"])
+@pytest.mark.parametrize("source", ["int4", "int8:g32:f16", "int4:g32:a8", "int4:g32:min:f16:a8", "gguf"])
 def test_a_quantized_model_compiles_runs_like_eager_and_derives_only_what_it_must(source: str, tmp_path: Path) -> None:
     if source == "gguf":
         net = _gguf_net()
@@ -109,11 +127,14 @@ def test_a_quantized_model_compiles_runs_like_eager_and_derives_only_what_it_mus
     torch.testing.assert_close(program.run("forward", IDS)[0], want, atol=1e-4 * float(want.abs().max()), rtol=0)
     (delegate,) = captured
     reader = BlobReader(delegate.payload, known_features=blob_format.KNOWN_FEATURES)
-    assert blob_format.KERNELS_FEATURE in reader.required_features
+    assert blob_format.KERNELS_FEATURE in reader.required_features  # the embedding / head's int8 (default plan)
+    assert (blob_format.QMM_A8_FEATURE in reader.required_features) == source.endswith(":a8")
+    if source.endswith(":a8"):  # every linear layer's weight went to the :a8 kernel
+        assert "etsdk_qmm_a8" in bytes(reader.section("library")).decode("latin-1")
     constants = json.loads(bytes(reader.section("constants")))
     derived = [c for c in constants if c["source"] == "derived"]
-    if source == "int4":  # float32 scales: the kernels read the stored planes themselves
-        assert derived == []
+    if source in ("int4", "int4:g32:a8", "int4:g32:min:f16:a8"):  # the kernels read the stored planes themselves
+        assert derived == []  # (the :a8 kernel reads float16 scales and minimums as they are)
     elif source == "int8:g32:f16":  # float16 scales become float32 at load; the int8 values are read as stored
         assert {c["derive"]["plane"] for c in derived} == {"scales"} and all(c["derive"]["format"] == "int8:g32:f16" for c in derived)
     else:  # every plane of a GGUF weight, from the stored blocks (the blocks themselves are the stored entries)

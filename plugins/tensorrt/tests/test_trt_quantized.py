@@ -90,3 +90,14 @@ def test_the_partitioner_table_names_the_quantized_operators() -> None:
     assert "int4:g32" in etsdk.get_backend("EtsdkTensorRTBackend").weight_formats
 
 
+
+
+def test_int8_activation_formats_are_refused_at_export_naming_the_weight_and_the_format() -> None:
+    """etsdk-tensorrt lowers weight-only formats; the :a8 math (rounding the input per block) is not declared."""
+    from etsdk_tensorrt import BACKEND_ID
+
+    assert "int4:g32:a8" not in etsdk.get_backend(BACKEND_ID).weight_formats
+    net = Net().eval()
+    quantize_model(net, QuantizationPlan.for_format("int4:g32:a8"))
+    with pytest.raises(etsdk.ExportError, match=r"'up' \(int4:g32:a8 \[128, 64\], linear\): EtsdkTensorRTBackend does not declare weight format int4:g32:a8"):
+        etsdk.lower(module=net, example_inputs=(IDS,), backend=BACKEND_ID, partitioner_options={BACKEND_ID: {"device": "cpu"}})

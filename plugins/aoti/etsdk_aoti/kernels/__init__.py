@@ -1,4 +1,5 @@
-"""etsdk-aoti's native kernels: ``etsdk_aoti::etsdk_qmm`` (quantized weights), ``etsdk_aoti::etsdk_linear``
+"""etsdk-aoti's native kernels: ``etsdk_aoti::etsdk_qmm`` (quantized weights; ``etsdk_qmm_a8`` for the int8-activation
+``:a8`` formats), ``etsdk_aoti::etsdk_linear``
 (float32 weights times a few rows: decode), ``etsdk_aoti::etsdk_attention`` and ``etsdk_aoti::etsdk_attention_int8``.
 
 ``etsdk_linear`` (``gemv.cpp``) is ``x @ w.T + bias`` for float32 (or bfloat16 / float16, widened in registers)
@@ -47,6 +48,7 @@ __all__ = [
     "ATTENTION_C_SHIM",
     "ATTENTION_INT8_C_SHIM",
     "C_SHIM",
+    "QMM_A8_C_SHIM",
     "KERNELS_FEATURE",
     "KERNEL_ATTENTION",
     "KERNEL_ATTENTION_INT8",
@@ -54,6 +56,7 @@ __all__ = [
     "LINEAR",
     "LINEAR_C_SHIM",
     "QMM",
+    "QMM_A8",
     "attention",
     "attention_rows_read",
     "linear",
@@ -65,6 +68,12 @@ __all__ = [
 C_SHIM = (
     "AOTITorchError aoti_torch_cpu_etsdk_qmm(AtenTensorHandle x, AtenTensorHandle qdata, AtenTensorHandle scales, "
     "AtenTensorHandle* mins, AtenTensorHandle* bias, int64_t bits, int64_t group, AtenTensorHandle* ret0)"
+)
+
+#: The C declaration AOTInductor emits for ``etsdk_aoti::etsdk_qmm_a8`` (4-bit weights, int8 activations).
+QMM_A8_C_SHIM = (
+    "AOTITorchError aoti_torch_cpu_etsdk_qmm_a8(AtenTensorHandle x, AtenTensorHandle qdata, AtenTensorHandle scales, "
+    "AtenTensorHandle* mins, AtenTensorHandle* bias, int64_t group, AtenTensorHandle* ret0)"
 )
 
 #: The C declaration AOTInductor emits for ``etsdk_aoti::etsdk_linear``.
@@ -96,6 +105,7 @@ _lock = threading.Lock()
 _loaded: ctypes.CDLL | None = None
 _path: Path | None = None
 _function: Any = None
+_function_a8: Any = None
 
 
 @torch.library.custom_op("etsdk_aoti::etsdk_qmm", mutates_args=())
@@ -130,6 +140,23 @@ def _(x: torch.Tensor, qdata: torch.Tensor, scales: torch.Tensor, mins: object, 
 
 
 QMM = torch.ops.etsdk_aoti.etsdk_qmm.default
+
+
+@torch.library.custom_op("etsdk_aoti::etsdk_qmm_a8", mutates_args=())
+def etsdk_qmm_a8(
+    x: torch.Tensor, qdata: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None, bias: torch.Tensor | None, group: int
+) -> torch.Tensor:
+    from etsdk.backend import dequantize_activations, quantize_activations
+
+    return etsdk_qmm(dequantize_activations(*quantize_activations(x)), qdata, scales, mins, bias, 4, group)
+
+
+@etsdk_qmm_a8.register_fake
+def _(x: torch.Tensor, qdata: torch.Tensor, scales: torch.Tensor, mins: object, bias: object, group: int) -> torch.Tensor:
+    return x.new_empty((x.shape[0], qdata.shape[0]))
+
+
+QMM_A8 = torch.ops.etsdk_aoti.etsdk_qmm_a8.default
 
 
 @torch.library.custom_op("etsdk_aoti::etsdk_linear", mutates_args=())
@@ -226,32 +253,40 @@ def qmm(
     *,
     bits: int,
     group: int,
+    int8_activations: bool = False,
 ) -> torch.Tensor:
     """Call the native kernel directly (tests and benchmarks): ``x [M, K] @ w.T (+ bias)`` for ``w`` in the planes
-    ``qdata`` / ``scales`` / ``mins`` (float32 scales; ``group`` 0: one scale per row). Raises ``ValueError`` when
-    the kernel refuses the tensors (wrong dtype, shape or layout)."""
-    global _function
+    ``qdata`` / ``scales`` / ``mins`` (float32 scales; ``group`` 0: one scale per row); with ``int8_activations``
+    (4 bits only) the ``:a8`` product (``etsdk_qmm_a8``). Raises ``ValueError`` when the kernel refuses the tensors
+    (wrong dtype, shape or layout)."""
+    global _function, _function_a8
     from etsdk_aoti.library import _new_capsule, free_handles, tensor_handles
 
     path = load()
     pointer = ctypes.c_void_p
+    assert _loaded is not None
     if _function is None:
-        assert _loaded is not None
         _function = _loaded.aoti_torch_cpu_etsdk_qmm
         _function.argtypes = [pointer, pointer, pointer, ctypes.POINTER(pointer), ctypes.POINTER(pointer), ctypes.c_int64, ctypes.c_int64, ctypes.POINTER(pointer)]
-    function = _function
+    if _function_a8 is None:
+        _function_a8 = _loaded.aoti_torch_cpu_etsdk_qmm_a8
+        _function_a8.argtypes = [pointer, pointer, pointer, ctypes.POINTER(pointer), ctypes.POINTER(pointer), ctypes.c_int64, ctypes.POINTER(pointer)]
+    if int8_activations and bits != 4:
+        raise ValueError(f"int8 activations go with 4-bit weights, found bits {bits}")
     given = [x, qdata, scales, *(t for t in (mins, bias) if t is not None)]
     handles = tensor_handles(given)
     try:
         mins_handle = pointer(handles[3]) if mins is not None else None
         bias_handle = pointer(handles[-1]) if bias is not None else None
         out = pointer()
-        code = function(
-            handles[0], handles[1], handles[2],
+        optional = (
             ctypes.byref(mins_handle) if mins_handle is not None else None,
             ctypes.byref(bias_handle) if bias_handle is not None else None,
-            bits, group, ctypes.byref(out),
         )
+        if int8_activations:
+            code = _function_a8(handles[0], handles[1], handles[2], *optional, group, ctypes.byref(out))
+        else:
+            code = _function(handles[0], handles[1], handles[2], *optional, bits, group, ctypes.byref(out))
     finally:
         free_handles(handles)
     if code != 0:

@@ -29,42 +29,10 @@ namespace {
 
 using etsdk_kernels::contiguous_tensor;
 
-// The weight dtypes: W is the stored element, widen() its exact float32 value.
-struct Bf16 {
-  uint16_t bits;
-};
-struct F16 {
-  uint16_t bits;
-};
-
-inline float widen(float v) { return v; }
-inline float widen(Bf16 v) {
-  const uint32_t bits = static_cast<uint32_t>(v.bits) << 16;
-  float out;
-  __builtin_memcpy(&out, &bits, sizeof out);
-  return out;
-}
-inline float widen(F16 v) {  // IEEE half: sign, 5-bit exponent (bias 15), 10-bit fraction
-  const uint32_t sign = static_cast<uint32_t>(v.bits & 0x8000u) << 16;
-  uint32_t exponent = (v.bits >> 10) & 0x1Fu, fraction = v.bits & 0x3FFu, bits;
-  if (exponent == 0x1Fu) {
-    bits = sign | 0x7F800000u | (fraction << 13);  // infinity, NaN
-  } else if (exponent != 0) {
-    bits = sign | ((exponent + 112u) << 23) | (fraction << 13);
-  } else if (fraction == 0) {
-    bits = sign;
-  } else {  // subnormal: normalize
-    exponent = 113u;
-    while (!(fraction & 0x400u)) {
-      fraction <<= 1;
-      --exponent;
-    }
-    bits = sign | (exponent << 23) | ((fraction & 0x3FFu) << 13);
-  }
-  float out;
-  __builtin_memcpy(&out, &bits, sizeof out);
-  return out;
-}
+// The weight dtypes (etsdk_kernels::Bf16 / F16) and widen(), their exact float32 value: aoti_shim.h.
+using etsdk_kernels::Bf16;
+using etsdk_kernels::F16;
+using etsdk_kernels::widen;
 
 #if defined(__AVX512F__)
 // 16 weights from p, widened to float32.
