@@ -24,8 +24,8 @@ kernel) and ``xnnpack`` is ExecuTorch + XNNPACK with torchao's 8da4w / 8da8w, th
 export. ``--gguf TYPE`` (``Q8_0``, ``Q4_0``, ``Q4_1``): the model is written as a GGUF file (linear layers in
 TYPE, embedding and head in Q8_0) and etsdk exports that file (the blocks kept as they are). ``--llama-cpp``
 adds the ``llama_cpp`` path: llama.cpp (llama-cpp-python, a benchmark-only install) on a GGUF file of the same
-weights: ``--gguf``'s file, or for ``--quantize int8`` Q8_0, for a 4-bit ``--quantize`` Q4_0 (embedding and head
-Q8_0), for float32 F32; same threads, prompt, greedy steps (llama.cpp's ``eval``, argmax in numpy). With
+weights: ``--gguf``'s file, or for ``--quantize int8`` Q8_0, for a 4-bit ``--quantize`` Q4_0 (Q4_1 for a format
+with a minimum; embedding and head Q8_0), for float32 F32; same threads, prompt, greedy steps (llama.cpp's ``eval``, argmax in numpy). With
 ``--quantize`` / ``--gguf`` the float32 etsdk program runs too, interleaved, as ``etsdk_float``
 (``etsdk_vs_etsdk_float_decode``: the quantized program's speed-up).
 
@@ -165,8 +165,10 @@ def _gguf_types(quantize: str | None, gguf_type: str | None) -> dict[str, str]:
         return {"token_embd": "Q8_0", "output": "Q8_0", "attn": gguf_type, "ffn": gguf_type}
     if quantize is None:
         return {"token_embd": "F32", "output": "F32", "attn": "F32", "ffn": "F32"}
-    bits = 8 if quantize.startswith("int8") else 4
-    kind = "Q8_0" if bits == 8 else "Q4_0"
+    from etsdk import WeightFormat
+
+    fmt = WeightFormat.parse(quantize)
+    kind = "Q8_0" if fmt.bits == 8 else "Q4_1" if fmt.with_min else "Q4_0"
     return {"token_embd": "Q8_0", "output": "Q8_0", "attn": kind, "ffn": kind}
 
 

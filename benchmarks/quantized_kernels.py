@@ -6,6 +6,8 @@ head) and for decode (M=1) and prefill (M=``--prefill``), times ``x @ w.T``:
 * ``fp32``: ``torch.mm`` on the float32 weight (MKL);
 * ``etsdk_int8`` / ``etsdk_int8_g32`` / ``etsdk_int4_g32``: :func:`etsdk_aoti.kernels.qmm` on the planes
   ``etsdk.quantize_model`` writes (int8 one scale per row, int8 in groups of 32, 4-bit in groups of 32);
+* ``etsdk_int4_g32_a8``: the same 4-bit planes as ``int4:g32:a8`` (the input rounded to int8 per block of 32,
+  VNNI integer products at M=1);
 * ``aten_int8`` / ``aten_int4_g32``: ``torch._weight_int8pack_mm`` and ``torch._weight_int4pack_mm_for_cpu`` on
   the same weights (what AOTInductor would call for torchao-style weight-only int8 / int4).
 
@@ -53,6 +55,7 @@ def _kernels(weight: torch.Tensor, x: torch.Tensor) -> dict[str, Callable[[], An
         "etsdk_int8": lambda: kernels.qmm(x, int8["qdata"], int8["scales"], bits=8, group=0),
         "etsdk_int8_g32": lambda: kernels.qmm(x, int8_g["qdata"], int8_g["scales"], bits=8, group=32),
         "etsdk_int4_g32": lambda: kernels.qmm(x, int4["qdata"], int4["scales"], bits=4, group=32),
+        "etsdk_int4_g32_a8": lambda: kernels.qmm(x, int4["qdata"], int4["scales"], bits=4, group=32, int8_activations=True),
         "aten_int8": lambda: torch._weight_int8pack_mm(x, int8["qdata"], int8["scales"]),
         "aten_int4_g32": lambda: torch._weight_int4pack_mm_for_cpu(x, packed, 32, scales_zeros),
     }

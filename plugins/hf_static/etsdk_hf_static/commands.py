@@ -82,7 +82,8 @@ def configure_export(export: argparse.ArgumentParser) -> None:
     quantize.add_argument(
         "--quantize", default=None, metavar="FORMAT",
         help="the linear layers' format: int8 (one scale per row), int4 (groups of 32), int4:GROUP (32, 64, 128, "
-        "256), int4:gGROUP:min (with a minimum per group), int8:gGROUP",
+        "256), int4:gGROUP:min (with a minimum per group), int8:gGROUP; a 4-bit format ending in :a8 rounds each layer's "
+        "input to int8 per block of 32 too (llama.cpp's arithmetic: the fastest 4-bit decode on CPUs)",
     )
     quantize.add_argument(
         "--quantize-embedding", default=None, metavar="FORMAT",

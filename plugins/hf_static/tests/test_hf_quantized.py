@@ -27,7 +27,11 @@ from etsdk_hf_static.runner import HfStaticRunner
 S = 48
 NEW = 6
 AOTI_CPU = {"EtsdkAotiBackend": {"device": "cpu"}}
-PLANS = {"int8": QuantizationPlan.for_format("int8"), "int4": QuantizationPlan.for_format("int4")}
+PLANS = {
+    "int8": QuantizationPlan.for_format("int8"),
+    "int4": QuantizationPlan.for_format("int4"),
+    "int4:a8": QuantizationPlan.for_format("int4:g32:f16:a8"),  # Q4_0's bytes, int8 activations: VNNI products on etsdk-aoti
+}
 
 
 def _quantized(models: dict[str, Any], plan: str) -> Any:
@@ -43,7 +47,7 @@ def programs(models: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -
     def get(plan: str, prefill: str = "aoti", decode: str = "aoti") -> Path:
         key = (plan, prefill, decode)
         if key not in cache:
-            path = tmp_path_factory.mktemp(f"q-{plan}-{prefill}-{decode}") / "model.pte"
+            path = tmp_path_factory.mktemp(f"q-{plan.replace(':', '-')}-{prefill}-{decode}") / "model.pte"
             model = copy.deepcopy(models["llama"]) if plan != "float" else models["llama"]
             export(model, path, prefill_backend=prefill, decode_backend=decode, prefill_length=T, context_length=S,
                    partitioner_options=AOTI_CPU, quantization=PLANS.get(plan), quiet=True)
@@ -58,7 +62,7 @@ def _generate(path: Path, prompt: list[int]) -> list[int]:
     return list(runner.new_conversation().generate(prompt, max_new_tokens=NEW, stop_at_eos=False).token_ids)
 
 
-@pytest.mark.parametrize("plan", ["int8", "int4"])
+@pytest.mark.parametrize("plan", ["int8", "int4", "int4:a8"])
 @pytest.mark.parametrize(("prefill", "decode"), [("aoti", "aoti"), ("reference", "reference"), ("reference", "aoti")])
 def test_quantized_greedy_tokens_equal_the_same_quantization_run_eagerly(
     plan: str, prefill: str, decode: str, models: dict[str, Any], programs: Callable[..., Path]
@@ -71,7 +75,7 @@ def test_quantized_greedy_tokens_equal_the_same_quantization_run_eagerly(
         assert _generate(programs(plan, prefill, decode), prompt) == expected
 
 
-@pytest.mark.parametrize("plan", ["int8", "int4"])
+@pytest.mark.parametrize("plan", ["int8", "int4", "int4:a8"])
 def test_the_prefill_logits_stay_within_a_stated_tolerance_of_eager(plan: str, models: dict[str, Any], programs: Callable[..., Path]) -> None:
     from etsdk_hf_static.module import StaticCausalLM, causal_mask
 
