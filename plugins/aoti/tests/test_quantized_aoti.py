@@ -41,7 +41,9 @@ def test_the_kernel_computes_the_formats_math(name: str, rows: int) -> None:
 def test_the_int8_activation_kernel_computes_the_formats_math(name: str, rows: int) -> None:
     fmt = WeightFormat.parse(name)
     generator = torch.Generator().manual_seed(rows)
-    for n, k in ((37, 256), (100, 128), (9, 384)):  # 384 / 64 chunks: a last chunk of one block of 32 at g32
+    for n, k in ((37, 256), (100, 128), (9, 160)):  # 160: the last 64-column chunk holds one block of 32
+        if k % fmt.group_size:
+            continue
         weight = torch.randn(n, k, generator=generator)
         stored = etsdk.quantize_weight(weight, fmt)
         x, bias = 3 * torch.randn(rows, k, generator=generator), torch.randn(n, generator=generator)
