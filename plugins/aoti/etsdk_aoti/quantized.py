@@ -53,20 +53,21 @@ def derive_planes(fmt: WeightFormat, stored: Mapping[str, torch.Tensor], shape: 
     return out
 
 
+def _on_rows(x: torch.Tensor, rows: int, bias: Any, product: Any) -> torch.Tensor:
+    """``product(x as float32 [M, K], float32 bias)`` reshaped back to ``x``'s leading dims and dtype."""
+    flat = x.reshape(-1, x.shape[-1]).to(torch.float32).contiguous()
+    out = product(flat, bias.to(torch.float32) if bias is not None else None)
+    return out.reshape(*x.shape[:-1], rows).to(x.dtype)
+
+
 def linear(x: torch.Tensor, qdata: torch.Tensor, scales: torch.Tensor, mins: Any, bias: Any, bits: int, group: int) -> torch.Tensor:
     """``x @ w.T + bias`` on the kernels (what a rewritten ``etsdk::linear_q`` calls)."""
-    columns = x.shape[-1]
-    flat = x.reshape(-1, columns).to(torch.float32).contiguous()
-    out = kernels.QMM(flat, qdata, scales, mins, bias.to(torch.float32) if bias is not None else None, bits, group)
-    return out.reshape(*x.shape[:-1], qdata.shape[0]).to(x.dtype)
+    return _on_rows(x, qdata.shape[0], bias, lambda flat, b: kernels.QMM(flat, qdata, scales, mins, b, bits, group))
 
 
 def linear_a8(x: torch.Tensor, qdata: torch.Tensor, scales: torch.Tensor, mins: Any, bias: Any, group: int) -> torch.Tensor:
     """``x @ w.T + bias`` for the ``:a8`` formats (4-bit weights, ``x`` rounded to int8 per block of 32)."""
-    columns = x.shape[-1]
-    flat = x.reshape(-1, columns).to(torch.float32).contiguous()
-    out = kernels.QMM_A8(flat, qdata, scales, mins, bias.to(torch.float32) if bias is not None else None, group)
-    return out.reshape(*x.shape[:-1], qdata.shape[0]).to(x.dtype)
+    return _on_rows(x, qdata.shape[0], bias, lambda flat, b: kernels.QMM_A8(flat, qdata, scales, mins, b, group))
 
 
 def _embedding(qdata: torch.Tensor, scales: torch.Tensor, mins: Any, indices: torch.Tensor, bits: int, group: int, dtype: torch.dtype) -> torch.Tensor:

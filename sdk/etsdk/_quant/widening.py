@@ -107,7 +107,8 @@ def keep_16bit_weights(model: torch.nn.Module) -> WideningReport:
     with an ``embed_scale``) whose weight is bfloat16 or float16 becomes a :class:`WidenedLinear` /
     :class:`WidenedEmbedding` holding the same tensor (no copy); quantized layers
     (:func:`etsdk.quantize_model`) compute in float32 too, their stored tensors kept as their format stores them
-    (float16 scales stay float16). Other modules' floating-point parameters and buffers become float32. A model with no 16-bit weight is only converted.
+    (float16 scales stay float16). Other modules' floating-point parameters and buffers become float32. A model
+    with no 16-bit weight is only converted.
     """
     from etsdk._quant.modules import QuantizedEmbedding, _set, _Stored
 

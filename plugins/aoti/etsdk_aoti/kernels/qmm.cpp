@@ -381,12 +381,8 @@ void gemv(const Weights& w, const float* x, int64_t m_rows, float* y) {
 
 // ---------------------------------------------------------------- int8 activations (the :a8 formats, 4-bit weights)
 
-
-// x quantized per block of 32 columns: d = max|x| / 127, q = round-half-even(x * (1 / d)) (d == 0: q = 0).
-// Arranged per chunk of 64 columns (two blocks) as the weights' bytes unpack: the even columns of both blocks,
-// then their odd ones, so that one VNNI product of a chunk's 32 packed bytes (low nibbles, then high ones)
-// against it sums 4 values of one block per lane.
-// One block of 32 values: its scale d and its integers q (the reference math of etsdk's ``:a8`` formats).
+// One block of 32 values: its scale d and its integers q (the reference math of etsdk's ``:a8`` formats:
+// d = max|x| / 127, q = round-half-even(x * (1 / d)), q = 0 when d == 0).
 inline float quantize_block(const float* xb, int* q) {
   float amax = 0.0f;
   for (int i = 0; i < 32; ++i) amax = std::fmax(amax, std::fabs(xb[i]));
@@ -407,6 +403,9 @@ void fake_quantize_rows(const float* x, int64_t rows, int64_t k, float* out) {
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
+// x rounded for the decode product, per chunk of 64 columns (two blocks) as the weights' bytes unpack: the even
+// columns of both blocks, then their odd ones, so that one VNNI product of a chunk's 32 packed bytes (low nibbles,
+// then high ones) against it sums 4 values of one block per lane.
 struct QuantizedX {
   std::vector<int8_t> q;       // [chunks * 64]
   std::vector<float> lane_d;   // [chunks * 16]: each dpbusd lane's block scale
@@ -665,17 +664,13 @@ extern "C" __attribute__((visibility("default"))) AOTITorchError aoti_torch_cpu_
   }
 #endif
   std::vector<float> wide_scales, wide_mins;  // the float paths read float32 planes
-  if (halves[0]) {
-    const int64_t count = w.n * w.groups;
-    wide_scales.resize(count);
-    for (int64_t i = 0; i < count; ++i) wide_scales[i] = etsdk_kernels::widen(etsdk_kernels::F16{halves[0][i]});
-    w.scales = wide_scales.data();
-    if (halves[1]) {
-      wide_mins.resize(count);
-      for (int64_t i = 0; i < count; ++i) wide_mins[i] = etsdk_kernels::widen(etsdk_kernels::F16{halves[1][i]});
-      w.mins = wide_mins.data();
-    }
-  }
+  const auto widen_plane = [&w](const uint16_t* plane, std::vector<float>& out) {
+    out.resize(w.n * w.groups);
+    for (size_t i = 0; i < out.size(); ++i) out[i] = etsdk_kernels::widen(etsdk_kernels::F16{plane[i]});
+    return out.data();
+  };
+  if (halves[0]) w.scales = widen_plane(halves[0], wide_scales);
+  if (halves[1]) w.mins = widen_plane(halves[1], wide_mins);
   std::vector<float> rounded(m_rows * w.k);
   fake_quantize_rows(xf, m_rows, w.k, rounded.data());
   product(w, rounded.data(), m_rows, y);
