@@ -180,9 +180,9 @@ def test_int8_activations_round_each_block_of_32_as_llama_cpp_does() -> None:
     generator = torch.Generator().manual_seed(0)
     x = 5 * torch.randn(3, 96, generator=generator)
     x[1, 32:64] = 0.0  # a block of zeros: scale 0, values 0
-    x[2, 0] = 127 / 2 * 0.01  # with the block's largest value 0.01 * 127 ... a half to round (to even)
-    x[2, 1:32] = 0.001
-    x[2, 2] = 1.27
+    x[2, :32] = 0.25  # a block whose largest value is 127: d = 1 exactly, so 62.5 and -62.5 are exact ties
+    x[2, 2] = 127.0
+    x[2, 0], x[2, 1] = 62.5, -62.5
     q, d = quantize_activations(x)
     assert q.shape == x.shape and d.shape == (3, 3)
     for row in range(3):
@@ -193,7 +193,7 @@ def test_int8_activations_round_each_block_of_32_as_llama_cpp_does() -> None:
             want = [float(torch.round(torch.tensor(v, dtype=torch.float32) * inverse)) for v in values]
             assert d[row, block] == scale
             assert q[row, block * 32 : (block + 1) * 32].tolist() == want
-    assert q.abs().max() == 127 and q[2, 0] == 64  # 63.5 rounds half to even
+    assert q.abs().max() == 127 and q[2, :2].tolist() == [62.0, -62.0]  # ties to even (away from zero: 63)
     assert torch.equal(dequantize_activations(q, d)[1, 32:64], torch.zeros(32))
     with pytest.raises(ValueError, match="blocks of 32 values; a row has 40"):
         quantize_activations(torch.zeros(2, 40))

@@ -48,6 +48,7 @@ def test_the_int8_activation_kernel_computes_the_formats_math(name: str, rows: i
         stored = etsdk.quantize_weight(weight, fmt)
         x, bias = 3 * torch.randn(rows, k, generator=generator), torch.randn(n, generator=generator)
         x[0, :32] = 0.0  # a block of zeros: scale 0
+        x[-1, 32:35] = torch.tensor([127.0, 62.5, -62.5])  # d = 1: exact ties, rounded to even as the reference
         args = (x, stored["qdata"], stored["scales"], stored.get("mins"), bias)
         got = kernels.qmm(*args, bits=4, group=fmt.group_size, int8_activations=True)
         want = torch.ops.etsdk.linear_q(*args, name)  # the core's reference math for the format
