@@ -121,3 +121,31 @@ def test_inspect_is_readable_and_verify_finds_nothing_unverifiable(chat_pte: Pat
     verified = _etsdk("verify", str(chat_pte))
     assert verified.returncode == 0, verified.stderr
     assert verified.stdout.rstrip().endswith(", 0 damaged, 0 unverifiable (key is not a content hash)"), verified.stdout
+
+
+def test_ctrl_c_during_export_is_one_line_and_leaves_no_file(model_dir: Path, tmp_path: Path) -> None:
+    """SIGINT while the export compiles: exit 130, "etsdk: interrupted", no traceback, nothing at the output path."""
+    import os
+    import signal
+    import time
+
+    out = tmp_path / "cut.pte"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "etsdk", "export", "--model", str(model_dir), "-o", str(out), "--context-length", str(S)],
+        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    assert process.stderr is not None
+    seen = []
+    for line in process.stderr:  # wait until the export is past loading, in the middle of its work
+        seen.append(line)
+        if "compiling" in line or "tracing 'decode'" in line:
+            time.sleep(1.0)
+            os.kill(process.pid, signal.SIGINT)
+            break
+    rest = process.stderr.read()
+    code = process.wait(timeout=300)
+    transcript = "".join(seen) + rest
+    assert code == 130, transcript
+    assert rest.strip().splitlines()[-1] == "etsdk: interrupted", transcript
+    assert "Traceback" not in transcript and "KeyboardInterrupt" not in transcript
+    assert not list(tmp_path.iterdir()), sorted(p.name for p in tmp_path.iterdir())

@@ -251,6 +251,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
         print(f"etsdk: error: {exc.strerror or exc}{where}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: what was being written has been removed on the way out (atomic writes)
+        print("\netsdk: interrupted", file=sys.stderr)
+        return 130
 
 
 def _parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
