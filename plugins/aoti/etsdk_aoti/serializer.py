@@ -376,7 +376,6 @@ def describe_constants(
         if tensor is None:
             records.append(record(Source.ABSENT))
             continue
-        tensor = tensor.detach()
         nbytes = tensor.numel() * tensor.element_size()
         if not weights.size_matches(nbytes, constant.nbytes):
             raise ExportError(

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from etsdk._channels import EXPORT_HOOKS, LOWERING
+from etsdk._export.partition import StoredWeights
 from etsdk._export.weight_claims import check_claims, mark_refusals
 from etsdk._format.envelope import wrap_blob
 from etsdk._state.signature import NODE_ID_META, STATE_META, DelegateSignature, input_sources, operator_name
@@ -81,6 +82,8 @@ class LoweringContext:
     weight_refusals: dict[str, list[str]] = field(default_factory=dict)
     #: named-data key -> BLAKE3 hex of its bytes, from every delegate's writer (the program record keeps them)
     fast_digests: dict[str, str] = field(default_factory=dict)
+    #: weights every delegate's writer has stored, so a weight read by several delegates is read and spooled once
+    stored_weights: StoredWeights = field(default_factory=StoredWeights)
     _next_id: int = 0
 
     def __post_init__(self) -> None:
@@ -276,7 +279,7 @@ def _preprocess(backend_id: str, method: str, edge_program: Any, compile_specs: 
     context = current_lowering()
     where = f"method '{method}', backend '{backend_id}'"
     signature = DelegateSignature.from_edge_program(edge_program, context.states.get(method, {}))
-    writer = NamedDataWriter(backend_id, external=context.external_data)
+    writer = NamedDataWriter(backend_id, external=context.external_data, stored=context.stored_weights)
     partition = Partition(
         backend_id=backend_id,
         method=method,

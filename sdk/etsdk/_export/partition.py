@@ -13,6 +13,7 @@ whose keys are content-addressed and verifiable.
 from __future__ import annotations
 
 import hashlib
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any
 from etsdk._state.signature import DelegateSignature, StateBinding
 from etsdk.errors import ExportError
 
-__all__ = ["Constant", "NamedDataWriter", "Partition", "StateUpdate"]
+__all__ = ["Constant", "NamedDataWriter", "Partition", "StateUpdate", "StoredWeights"]
 
 _CHUNK = 8 * 1024 * 1024
 
@@ -59,6 +60,54 @@ class StateUpdate:
     value: Any
 
 
+@dataclass(frozen=True, slots=True)
+class _Stored:
+    alive: Callable[[], Any]  # None once the memory stored may have been freed
+    key: str
+    data: Any  # bytes, or executorch's FileBackedData over the spooled or mapped bytes
+    fast: str | None
+
+
+def _memory(tensor: Any) -> tuple[Any, ...] | None:
+    """Where ``tensor``'s bytes are: device, storage address, offset, dtype, shape, strides (None for a tensor
+    without storage, such as a fake one)."""
+    try:
+        storage = tensor.untyped_storage().data_ptr()
+        return (str(tensor.device), storage, tensor.storage_offset(), tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()))
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
+
+
+class StoredWeights:
+    """The weights one lowering has stored, by the memory they were read from.
+
+    Prefill and decode (and every backend of a mixed program) store the same weights: a weight met again is
+    added under its key without being read, hashed or spooled a second time. An entry is used only while its
+    memory cannot hold other bytes: the storage of a memory-mapped weight is kept (it costs no memory: its pages
+    are dropped once read), any other is followed by a weak reference to the tensor first stored.
+    """
+
+    def __init__(self) -> None:
+        self._by_memory: dict[tuple[Any, ...], _Stored] = {}
+
+    def find(self, memory: tuple[Any, ...]) -> _Stored | None:
+        found = self._by_memory.get(memory)
+        if found is not None and found.alive() is None:
+            del self._by_memory[memory]
+            return None
+        return found
+
+    def remember(self, memory: tuple[Any, ...], tensor: Any, key: str, data: Any, fast: str | None, *, mapped: bool) -> None:
+        if mapped:
+            storage = tensor.untyped_storage()
+            self._by_memory[memory] = _Stored(lambda: storage, key, data, fast)
+            return
+        try:
+            self._by_memory[memory] = _Stored(weakref.ref(tensor), key, data, fast)
+        except TypeError:  # an object that takes no weak reference: not remembered, stored again next time
+            pass
+
+
 class NamedDataWriter:
     """Adds a partition's data to the program's named data (the ``.pte``, or the ``.ptd`` the export chose).
 
@@ -68,11 +117,12 @@ class NamedDataWriter:
     wrote.
     """
 
-    def __init__(self, namespace: str, external: str | None = None) -> None:
+    def __init__(self, namespace: str, external: str | None = None, *, stored: StoredWeights | None = None) -> None:
         from executorch.exir._serialize._named_data_store import NamedDataStore
 
         self.namespace = namespace
         self.external = external
+        self._stored = stored
         self._store = NamedDataStore()
         #: key -> BLAKE3 hex of its bytes (when ``blake3`` is installed): the program record keeps these, and
         #: every load checks each entry by them (etsdk._format.content_hash.check_entries)
@@ -147,46 +197,97 @@ class NamedDataWriter:
 
         The canonical entry of a weight: every backend that stores a model tensor this way under the same
         bytes shares one entry in the program (a mixed program stores each weight once), and the bytes are
-        hashed while they are stored. A weight of :data:`SPOOL_BYTES` or more goes through a temporary file
-        (no copy of it is held in memory until the program is written); a smaller one is held as bytes.
+        hashed while they are stored. A weight of :data:`SPOOL_BYTES` or more is never held in memory until the
+        program is written: one memory-mapped from a file (a checkpoint's) is copied from that file then (its bytes
+        checked again as they are copied), any other goes through a temporary file; a smaller one is held as bytes.
+        A weight an earlier partition of the same export stored is added by its key without being read again, and
+        the pages of a memory-mapped weight (a checkpoint's) are handed back once stored (:mod:`etsdk._format.mapped_pages`).
         ``NamedData.get_tensor(key, dtype, shape)`` reads it back zero-copy. A temporary file that cannot be
         written (a full disk) raises :class:`~etsdk.errors.ExportError`; nothing is written to the output.
         """
         import torch
 
+        from etsdk._format.mapped_pages import file_range
+
+        memory = _memory(tensor) if self._stored is not None else None
+        found = self._stored.find(memory) if self._stored is not None and memory is not None else None
+        if found is not None:
+            self._store.add_named_data(found.key, found.data, alignment=alignment, external_tag=self.external)
+            if found.fast is not None:
+                self.fast_digests[found.key] = found.fast
+            return found.key
         data = tensor.detach()
         if data.device.type != "cpu":
             data = data.cpu()
         data = data.contiguous()
         size = data.numel() * data.element_size()
         view = memoryview(data.reshape(-1).view(torch.uint8).numpy()) if size else memoryview(b"")
+        where = None
         if size < SPOOL_BYTES:
-            payload = bytes(view)
-            key = f"weights/{hashlib.sha256(payload).hexdigest()}"
-            self._fast(key, payload)
-            self._store.add_named_data(key, payload, alignment=alignment, external_tag=self.external)
-            return key
-        return self._spool_weight(view, alignment)
+            stored: Any = bytes(view)
+            key = f"weights/{hashlib.sha256(stored).hexdigest()}"
+            self._fast(key, stored)
+            self._store.add_named_data(key, stored, alignment=alignment, external_tag=self.external)
+        else:
+            where = file_range(data.data_ptr(), size)
+            key, stored = (
+                self._mapped_weight(view, where, data.data_ptr(), alignment)
+                if where is not None
+                else self._spool_weight(view, data.data_ptr(), alignment)
+            )
+        if self._stored is not None and memory is not None:
+            mapped = where is not None and data.data_ptr() == tensor.data_ptr()
+            self._stored.remember(memory, tensor, key, stored, self.fast_digests.get(key), mapped=mapped)
+        return key
 
-    def _spool_weight(self, view: memoryview, alignment: int) -> str:
+    def _hashed(self, view: memoryview, address: int, sink: Callable[[memoryview], Any] | None = None) -> tuple[Any, Any]:
+        """SHA-256 and (when installed) BLAKE3 hashers fed ``view`` (the bytes at ``address``) in chunks, each chunk
+        also given to ``sink``; a mapped file's pages are dropped from the process as they are read."""
+        from etsdk._format.content_hash import fast_hasher
+        from etsdk._format.mapped_pages import read_through
+
+        digest = hashlib.sha256()
+        fast = fast_hasher(view.nbytes)
+
+        def consume(chunk: memoryview) -> None:
+            digest.update(chunk)
+            if fast is not None:
+                fast.update(chunk)
+            if sink is not None:
+                sink(chunk)
+
+        read_through(view, address, consume, _CHUNK)
+        return digest, fast
+
+    def _add_large(self, digest: Any, fast: Any, data: Any, alignment: int) -> tuple[str, Any]:
+        key = f"weights/{digest.hexdigest()}"
+        if fast is not None:
+            self.fast_digests[key] = str(fast.hexdigest())
+        self._store.add_named_data(key, data, alignment=alignment, external_tag=self.external)
+        return key, data
+
+    def _mapped_weight(self, view: memoryview, where: Any, address: int, alignment: int) -> tuple[str, Any]:
+        """A weight memory-mapped from a file: hashed from memory, copied from the file when the program is written
+        (:class:`~etsdk._export.file_range_data.FileRangeData`; no temporary copy), unless a page of it was
+        changed in memory (copy-on-write): then the memory's bytes are spooled."""
+        from etsdk._export.file_range_data import FileRangeData
+        from etsdk._format.mapped_pages import unchanged_file_pages
+
+        if not unchanged_file_pages(address, view.nbytes):  # before reading: pages read through are dropped
+            return self._spool_weight(view, address, alignment)
+        digest, fast = self._hashed(view, address)
+        return self._add_large(digest, fast, FileRangeData(where, digest.digest()), alignment)
+
+    def _spool_weight(self, view: memoryview, address: int, alignment: int) -> tuple[str, Any]:
         import tempfile
 
         from executorch.exir._serialize._cord import FileBackedData
 
-        from etsdk._format.content_hash import fast_hasher
-
-        digest = hashlib.sha256()
-        fast = fast_hasher(view.nbytes)
         name = None
         try:
             fd, name = tempfile.mkstemp(prefix="etsdk-weight-", suffix=".bin")
             with open(fd, "wb") as out:
-                for start in range(0, view.nbytes, _CHUNK):
-                    chunk = view[start : start + _CHUNK]
-                    digest.update(chunk)
-                    if fast is not None:
-                        fast.update(chunk)
-                    out.write(chunk)
+                digest, fast = self._hashed(view, address, out.write)
         except BaseException as exc:
             if name is not None:
                 Path(name).unlink(missing_ok=True)
@@ -196,12 +297,7 @@ class NamedDataWriter:
                     f"{exc.strerror or exc}; nothing was written to the output (TMPDIR chooses the folder)"
                 ) from exc
             raise
-        key = f"weights/{digest.hexdigest()}"
-        if fast is not None:
-            self.fast_digests[key] = str(fast.hexdigest())
-        backed = FileBackedData(name, cleanup=True, sha256=digest.digest())
-        self._store.add_named_data(key, backed, alignment=alignment, external_tag=self.external)
-        return key
+        return self._add_large(digest, fast, FileBackedData(name, cleanup=True, sha256=digest.digest()), alignment)
 
     def output(self) -> Any:
         """ExecuTorch's ``NamedDataStoreOutput`` (the core hands it over; backends never need it)."""

@@ -65,7 +65,8 @@ class ModelFingerprint:
 
 
 def _tensor_digest(tensor: Any) -> str:
-    """SHA-256 of a tensor's bytes in row-major order, read in place (one tensor's copy at most, if strided)."""
+    """SHA-256 of a tensor's bytes in row-major order, read in place (one tensor's copy at most, if strided); the
+    pages of a memory-mapped tensor are dropped from the process once read (:mod:`etsdk._format.mapped_pages`)."""
     import torch
 
     flat = tensor.detach()
@@ -81,7 +82,11 @@ def _tensor_digest(tensor: Any) -> str:
     flat = flat.reshape(-1)
     if flat.numel() == 0:
         return hashlib.sha256(b"").hexdigest()
-    return hashlib.sha256(memoryview(flat.view(torch.uint8).numpy())).hexdigest()
+    from etsdk._format.mapped_pages import read_through
+
+    h = hashlib.sha256()
+    read_through(memoryview(flat.view(torch.uint8).numpy()), flat.data_ptr(), h.update)  # a checkpoint's pages: not kept
+    return h.hexdigest()
 
 
 def weights_fingerprint(programs: Iterable[Any], exclude: Collection[str] = ()) -> str:

@@ -1,0 +1,64 @@
+"""Weights memory-mapped from a file (a checkpoint loaded in its own dtype) are copied from that file into the
+program, with no temporary copy, and checked again as they are copied: a file rewritten between ``etsdk.lower``
+and ``Lowered.save`` fails the save with one error and leaves the previous program as it was."""
+
+from __future__ import annotations
+
+import mmap
+from collections.abc import Iterator
+from pathlib import Path
+
+import etsdk
+import pytest
+import torch
+from etsdk.reference_backend import BACKEND_ID
+
+
+class Projection(torch.nn.Module):
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(weight, requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x, self.weight)
+
+
+@pytest.fixture
+def mapped(tmp_path: Path) -> Iterator[tuple[Projection, torch.Tensor, Path]]:
+    values = torch.randn(512, 1024)  # 2 MiB: above the size held in memory
+    path = tmp_path / "weights.bin"
+    path.write_bytes(b"\0" * 4096 + values.numpy().tobytes())
+    with open(path, "r+b") as f:
+        region = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE)
+    model = Projection(torch.frombuffer(region, dtype=torch.float32, offset=4096).view(512, 1024))
+    yield model, values, path
+    del model
+    import gc
+
+    gc.collect()
+    region.close()
+
+
+def test_a_program_of_mapped_weights_runs_as_eager(mapped: tuple[Projection, torch.Tensor, Path], tmp_path: Path) -> None:
+    model, values, _ = mapped
+    x = torch.randn(3, 1024)
+    etsdk.lower(module=model, example_inputs=(x,), backend=BACKEND_ID).save(tmp_path / "m.pte")
+    (got,) = etsdk.load(tmp_path / "m.pte").run("forward", x)
+    torch.testing.assert_close(got, x @ values.T, rtol=1e-4, atol=1e-3)  # the same weights (a float32 sum of 1024)
+
+
+def test_a_checkpoint_rewritten_before_the_save_fails_it_and_keeps_the_previous_program(
+    mapped: tuple[Projection, torch.Tensor, Path], tmp_path: Path
+) -> None:
+    model, _, path = mapped
+    x = torch.randn(3, 1024)
+    previous = tmp_path / "m.pte"
+    previous.write_bytes(b"the previous program")
+    lowered = etsdk.lower(module=model, example_inputs=(x,), backend=BACKEND_ID)
+    with open(path, "r+b") as f:  # rewritten in place: one weight byte differs
+        f.seek(4096 + 999)
+        f.write(bytes([f.read(1)[0] ^ 1]))
+    with pytest.raises(etsdk.ExportError, match=rf"of {path} changed since the export read them"):
+        lowered.save(previous)
+    assert previous.read_bytes() == b"the previous program"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pte", "weights.bin"]
