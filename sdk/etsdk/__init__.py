@@ -54,7 +54,8 @@ from etsdk.errors import (
 if TYPE_CHECKING:
     from etsdk._apps.quiet import quiet_command_line
     from etsdk._export.lower import MethodSource, lower
-    from etsdk._export.output import Lowered, check_free_space, check_output_path, format_bytes
+    from etsdk._export.output import Lowered, check_free_space, check_output_path, format_bytes, spool_size
+    from etsdk._export.spill import WeightSpill
     from etsdk._quant.modules import QuantizationReport, QuantizedEmbedding, QuantizedLinear, quantize_model
     from etsdk._quant.planes import quantize_weight
     from etsdk._quant.widening import WidenedEmbedding, WidenedLinear, WideningReport, keep_16bit_weights
@@ -81,6 +82,8 @@ _LAZY = {
     "check_output_path": "etsdk._export.output",
     "check_free_space": "etsdk._export.output",
     "format_bytes": "etsdk._export.output",
+    "spool_size": "etsdk._export.output",
+    "WeightSpill": "etsdk._export.spill",
     "verify": "etsdk._runtime.verification",
     "VerifyReport": "etsdk._runtime.verification",
     "Method": "etsdk._runtime.program",
@@ -161,6 +164,7 @@ __all__ = [
     "UnsupportedFeatureError",
     "VerifyReport",
     "WeightFormat",
+    "WeightSpill",
     "WideningReport",
     "WidenedEmbedding",
     "WidenedLinear",
@@ -174,6 +178,7 @@ __all__ = [
     "get_contract",
     "get_runner",
     "resolve_backend_id",
+    "spool_size",
     "verify",
     "ExportRequest",
     "GenerationError",

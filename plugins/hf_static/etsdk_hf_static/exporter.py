@@ -14,6 +14,7 @@ may go to its own backend (prefill on one, decode on another).
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from collections.abc import Mapping
@@ -270,8 +271,6 @@ def export(
     are the contract's float32.
     Returns the paths written.
     """
-    import torch
-
     started = time.perf_counter()
     output = check_output_path(output, (Path(output).stem,) if external_data else ())
     chosen = {  # before loading anything: a mistyped backend fails fast
@@ -289,11 +288,43 @@ def export(
     if weights_dtype not in WEIGHTS_DTYPES:
         raise ExportError(f"weights_dtype must be one of {', '.join(WEIGHTS_DTYPES)}, found {weights_dtype!r}")
     loaded, directory, gguf_tokenizer = _load_model(model, quiet, allow_requantize, weights_dtype)
+    with contextlib.ExitStack() as owned:
+        # a model the export loaded keeps its quantized weights in files, mapped, not in memory
+        spill = owned.enter_context(etsdk.WeightSpill()) if quantization is not None and directory is not None else None
+        written = _export_loaded(
+            loaded, directory, gguf_tokenizer, output, chosen, attention, kv_cache, weights_dtype, quantization, spill,
+            prefill_length, context_length, partitioner_options, external_data, quiet,
+        )
+    size = sum(p.stat().st_size for p in written if p.suffix in (".pte", ".ptd"))
+    _say(f"done in {time.perf_counter() - started:.1f}s ({size / 2**20:.1f} MiB): {', '.join(str(p) for p in written)}", quiet)
+    return written
+
+
+def _export_loaded(
+    loaded: Any,
+    directory: Path | None,
+    gguf_tokenizer: Any,
+    output: Path,
+    chosen: dict[str, str],
+    attention: str,
+    kv_cache: str,
+    weights_dtype: str,
+    quantization: QuantizationPlan | None,
+    spill: Any,
+    prefill_length: int | None,
+    context_length: int | None,
+    partitioner_options: Mapping[str, Mapping[str, Any]] | None,
+    external_data: bool,
+    quiet: bool,
+) -> list[Path]:
+    """:func:`export` once the model is loaded: quantize, trace, lower and write; the paths written."""
+    import torch
+
     if directory is None and weights_dtype != "auto":
         _cast_weights(loaded, getattr(torch, weights_dtype))
     filled = wanted(attention, list(chosen.values()), loaded)
     if quantization is not None:
-        _quantize(loaded, quantization, quiet)
+        _quantize(loaded, quantization, quiet, spill)
     widened = etsdk.keep_16bit_weights(loaded)
     if widened.kept:
         _say(widened.summary(), quiet)
@@ -321,8 +352,6 @@ def export(
     elif gguf_tokenizer is not None:
         gguf_tokenizer.save_pretrained(tokenizer_dir(output))
         written.append(tokenizer_dir(output))
-    size = sum(p.stat().st_size for p in written if p.suffix in (".pte", ".ptd"))
-    _say(f"done in {time.perf_counter() - started:.1f}s ({size / 2**20:.1f} MiB): {', '.join(str(p) for p in written)}", quiet)
     return written
 
 
@@ -380,24 +409,29 @@ def _plan(model: Any, output: Path, quiet: bool) -> None:
 
     Backends that store weights with ``NamedDataWriter.add_weight`` (etsdk-aoti, the reference backend) share
     one entry per weight, so the program holds about the weights' bytes (a backend that keeps its own copy adds
-    another); weights are also spooled to temporary files until the program is written. Memory: the export adds
-    about 0.2x the weights to what the loaded model takes (``hf_static_export_memory.py``).
+    another). Weights memory-mapped from the checkpoint are copied from it when the program is written; others
+    (quantized, upcast, a model object's) are spooled to temporary files until then (:func:`etsdk.spool_size`).
+    Memory: the export adds about 0.2x the weights to what the loaded model takes (``hf_static_export_memory.py``;
+    the loaded model's memory-mapped pages are dropped from the process once read).
     """
     count, size = model_size(model)
+    spooled = etsdk.spool_size([*model.parameters(), *model.buffers()])
     _say(
         f"{count / 1e6:.1f}M parameters, {format_bytes(size)} of weights: writes about {format_bytes(size)} to "
-        f"{output.parent if str(output.parent) else '.'}; memory: the loaded model plus about "
-        f"{format_bytes(int(size * 0.2))}",
+        f"{output.parent if str(output.parent) else '.'}"
+        + (f" and spools {format_bytes(spooled)} to temporary files" if spooled else " (copied from the checkpoint's files)")
+        + f"; memory: the loaded model plus about {format_bytes(int(size * 0.2))}",
         quiet,
     )
-    check_free_space(output, size, spooled_bytes=size)
+    check_free_space(output, size, spooled_bytes=spooled)
 
 
-def _quantize(model: Any, plan: QuantizationPlan, quiet: bool) -> None:
-    """Quantize ``model`` by ``plan``, refusing a layer the format cannot hold as an ExportError naming it."""
+def _quantize(model: Any, plan: QuantizationPlan, quiet: bool, spill: Any = None) -> None:
+    """Quantize ``model`` by ``plan``, refusing a layer the format cannot hold as an ExportError naming it;
+    ``spill`` (an :class:`etsdk.WeightSpill`) keeps the quantized weights in files instead of memory."""
     _say(f"quantizing ({plan.describe()})", quiet)
     try:
-        report = etsdk.quantize_model(model, plan)
+        report = etsdk.quantize_model(model, plan, spill=spill)
     except ValueError as exc:
         raise ExportError(f"cannot quantize {type(model).__name__}: {exc}") from None
     _say(report.summary(), quiet)

@@ -53,7 +53,7 @@ def test_an_export_says_what_it_takes_and_a_full_disk_refuses_it_before_tracing(
     from etsdk_hf_static.exporter import model_size
     from etsdk_hf_static.tiny import tiny_model
 
-    model = tiny_model("llama")
+    model = tiny_model("llama", hidden=512, layers=1)  # 1 MiB weights: a model object's large weights are spooled
     count, size = model_size(model)
     assert count == sum(p.numel() for p in model.parameters())
     assert size == 4 * count + sum(b.numel() * b.element_size() for b in model.buffers())  # fp32, nothing tied

@@ -13,7 +13,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -136,6 +136,28 @@ def format_bytes(count: int) -> str:
         if count >= size:
             return f"{count / size:.1f} {unit}"
     return f"{count} B"
+
+
+def spool_size(tensors: Iterable[Any]) -> int:
+    """What ``NamedDataWriter.add_weight`` would keep in temporary files for ``tensors`` (each memory counted once):
+    the large ones that are not memory-mapped from a file. A memory-mapped weight (a checkpoint loaded in its own
+    dtype) is copied from its file when the program is written, so it needs no temporary copy."""
+    from etsdk._export.partition import SPOOL_BYTES
+    from etsdk._format.mapped_pages import file_range
+
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for tensor in tensors:
+        nbytes = tensor.numel() * tensor.element_size()
+        if nbytes < SPOOL_BYTES or tensor.device.type == "meta":
+            continue
+        where = (tensor.data_ptr(), nbytes)
+        if where in seen:
+            continue
+        seen.add(where)
+        if not tensor.is_contiguous() or tensor.device.type != "cpu" or file_range(tensor.data_ptr(), nbytes) is None:
+            total += nbytes
+    return total
 
 
 def check_free_space(path: str | Path, program_bytes: int, *, spooled_bytes: int = 0) -> None:

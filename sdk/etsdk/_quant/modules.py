@@ -18,12 +18,13 @@ round-to-nearest affine scheme; tests compare it with torchao's primitives.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from etsdk._format.mapped_pages import release_file_pages
 from etsdk._format.weight_format import QuantizationPlan, WeightFormat, WeightLayout
 from etsdk._quant.ops import columns_of
 from etsdk._quant.planes import quantize
@@ -140,6 +141,7 @@ def quantize_model(
     embedding: WeightFormat | str | None = None,
     head: WeightFormat | str | None = None,
     head_module: str | None = None,
+    spill: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> QuantizationReport:
     """Quantize ``model`` in place; returns what changed.
 
@@ -148,6 +150,10 @@ def quantize_model(
     ``embed_scale``, as Gemma's); ``head``: of the output head, the linear named ``head_module`` (for a
     transformers model, ``get_output_embeddings()``). A layer whose shape the format cannot hold (rows not a
     multiple of the group) is refused with ``ValueError`` naming it and the fix; nothing is changed then.
+    ``spill``: called with each stored tensor as it is made, it returns the tensor to keep (an
+    :class:`etsdk.WeightSpill` keeps them in files, memory-mapped, instead of in memory: an export of a large
+    model then holds one layer's quantized weights at a time). A weight's memory-mapped pages (a checkpoint's)
+    are dropped from the process once it is quantized.
     """
     if isinstance(linear, QuantizationPlan):
         formats = {"linear": linear.linear, "embedding": linear.embedding, "head": linear.head}
@@ -197,5 +203,12 @@ def quantize_model(
         else:
             replacement = QuantizedLinear.from_linear(module, fmt)
         report.quantized[name] = fmt.name
+        if spill is not None:
+            for buffer in ("qdata", "scales", "mins"):
+                value = getattr(replacement, buffer)
+                if value is not None:
+                    setattr(replacement, buffer, spill(value))
         _set(model, name, replacement)
+        if weight.device.type == "cpu" and weight.is_contiguous():  # a mapped checkpoint's pages: not kept resident
+            release_file_pages(weight.data_ptr(), weight.numel() * weight.element_size())
     return report

@@ -1,0 +1,88 @@
+"""Converted weights kept in files instead of memory while a program is exported.
+
+An export that converts weights (quantizes them, or upcasts a 16-bit checkpoint) would otherwise hold the
+converted copy of the whole model in anonymous memory until the program is written. A :class:`WeightSpill` writes
+each converted tensor to its own file and hands back a tensor memory-mapped from that file: the export then reads
+it like a checkpoint's weight (its pages dropped from the process once read, its bytes copied from the file into
+the program, no second temporary copy), so what stays resident is one tensor at a time, not the model.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from etsdk.errors import ExportError
+
+__all__ = ["WeightSpill"]
+
+_ROWS_BYTES = 16 << 20  # a cast converts this much of a tensor at a time
+
+
+class WeightSpill:
+    """Tensors moved into files under a fresh temporary directory and mapped back.
+
+    Use it around both the conversion and the writing of the program (a ``with`` block): the files are read when
+    the program is written and removed when the block ends. Tensors under 1 MiB are returned as they are (a file
+    each would cost more than it saves). ``directory``: where the temporary directory is made (default:
+    ``tempfile.gettempdir()``, which ``TMPDIR`` chooses). A file that cannot be written (a full disk) raises
+    :class:`~etsdk.errors.ExportError` naming the folder.
+    """
+
+    def __init__(self, directory: str | Path | None = None) -> None:
+        self.path = Path(tempfile.mkdtemp(prefix="etsdk-spill-", dir=directory))
+        self._count = 0
+        #: bytes written to files so far
+        self.bytes = 0
+
+    def __enter__(self) -> WeightSpill:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Remove the files (tensors mapped from them stay readable until released: the mappings keep them)."""
+        shutil.rmtree(self.path, ignore_errors=True)
+
+    def __call__(self, tensor: Any) -> Any:
+        """``tensor``'s values, as a tensor memory-mapped from a new file (or ``tensor`` itself when small)."""
+        return self._write(tensor, tensor.dtype)
+
+    def cast(self, tensor: Any, dtype: Any) -> Any:
+        """``tensor.to(dtype)``, converted a slice of rows at a time straight into a new file and mapped back: the
+        converted copy is never whole in memory, and the source's pages (a checkpoint's) are dropped as they are read."""
+        return self._write(tensor, dtype)
+
+    def _write(self, tensor: Any, dtype: Any) -> Any:
+        import torch
+
+        from etsdk._export.partition import SPOOL_BYTES
+        from etsdk._format.mapped_pages import release_file_pages
+
+        source = tensor.detach()
+        size = source.numel() * torch.empty((), dtype=dtype).element_size()
+        if size < SPOOL_BYTES or source.device.type != "cpu":
+            return source.to(dtype)
+        source = source.contiguous()
+        flat = source.reshape(source.shape[0] if source.dim() else 1, -1)
+        step = max(1, _ROWS_BYTES // max(1, flat.shape[1] * source.element_size()))
+        path = self.path / f"{self._count}.bin"
+        self._count += 1
+        try:
+            with open(path, "wb") as out:
+                for start in range(0, flat.shape[0], step):
+                    rows = flat[start : start + step]
+                    out.write(memoryview(rows.to(dtype).contiguous().view(torch.uint8).numpy()).cast("B"))
+                    release_file_pages(rows.data_ptr(), rows.numel() * rows.element_size())
+        except OSError as exc:
+            path.unlink(missing_ok=True)
+            raise ExportError(
+                f"writing a {size}-byte converted weight under {self.path.parent} failed: {exc.strerror or exc}; "
+                "nothing was written to the output (TMPDIR chooses the folder)"
+            ) from exc
+        self.bytes += size
+        return torch.from_file(str(path), shared=False, size=source.numel(), dtype=dtype).view(source.shape)
