@@ -141,7 +141,16 @@ EXPECTED_KEYS: dict[str, set[str]] = {
         "checkpoint_dtype",
         "peak_anon_bytes",
         "peak_anon_over_baseline_per_weight",
+        "export_seconds",
+        "stage_seconds",
+        "bytes_written",
+        "peak_rss_over_checkpoint",
     },
+}
+
+#: variants whose last line has other keys than the script's plain run (``--shape``: one entry per shape)
+VARIANT_KEYS = {
+    "hf_static_export_memory--shapesmollm2-360m": {"shapes", "export_seconds_per_billion_parameters"},
 }
 
 #: scripts that take a working directory for what they write (the others write only to temporary directories)
@@ -153,6 +162,7 @@ VARIANTS = [
     ("hf_static_decode", ["--quantize", "int4"]),  # the quantized paths (llama.cpp is a benchmark-only install)
     ("hf_static_decode", ["--weights-dtype", "bfloat16"]),  # 16-bit weights beside the float32 program
     ("hf_static_export_memory", ["--checkpoint", "bfloat16"]),  # export from a checkpoint directory
+    ("hf_static_export_memory", ["--shape", "smollm2-360m"]),  # the shape sweep (checkpoint writer, export, generate)
 ]
 
 #: a hang guard, not a timing check (a smoke run takes ~10-120 s; much longer on a loaded machine)
@@ -182,5 +192,9 @@ def test_benchmark_smoke(name: str, flags: list[str], tmp_path: Path) -> None:
     except json.JSONDecodeError:
         pytest.fail(f"the last stdout line is not JSON\n{report}")
     assert isinstance(last, dict), report
-    missing = EXPECTED_KEYS[name] - set(last)
+    missing = VARIANT_KEYS.get(f"{name}{''.join(flags)}", EXPECTED_KEYS[name]) - set(last)
     assert not missing, f"missing keys {sorted(missing)}\n{report}"
+    for entry in last["shapes"] if name == "hf_static_export_memory" and "--shape" in flags else []:  # each shape's figures
+        missing = (EXPECTED_KEYS[name] | {"shape", "parameters", "generated", "rss_target_bytes"}) - set(entry)
+        assert not missing, f"missing keys {sorted(missing)} in a shape's figures\n{report}"
+        assert len(entry["generated"]) == 4, report

@@ -20,47 +20,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from etsdk.testing import MemoryCgroup, memory_cgroup
 
 CAP = 600 * 2**20
-V1 = Path("/sys/fs/cgroup/memory")
-V2 = Path("/sys/fs/cgroup")
-
-
-def _make_cgroup(name: str) -> tuple[Path, str] | None:
-    """A fresh memory cgroup limited to :data:`CAP` and the file to write a pid into, or None where none can be made."""
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        return None
-    try:
-        if (V1 / "memory.limit_in_bytes").is_file():
-            group = V1 / name
-            group.mkdir(exist_ok=True)
-            (group / "memory.limit_in_bytes").write_text(str(CAP))
-            if (group / "memory.memsw.limit_in_bytes").is_file():  # no escape into swap
-                (group / "memory.memsw.limit_in_bytes").write_text(str(CAP))
-            return group, "cgroup.procs"
-        if "memory" in (V2 / "cgroup.controllers").read_text().split():
-            (V2 / "cgroup.subtree_control").write_text("+memory")
-            group = V2 / name
-            group.mkdir(exist_ok=True)
-            (group / "memory.max").write_text(str(CAP))
-            if (group / "memory.swap.max").is_file():
-                (group / "memory.swap.max").write_text("0")
-            return group, "cgroup.procs"
-    except OSError:
-        return None
-    return None
 
 
 @pytest.fixture(scope="module")
-def cgroup() -> Iterator[tuple[Path, str]]:
-    made = _make_cgroup(f"etsdk-test-{os.getpid()}")
+def cgroup() -> Iterator[MemoryCgroup]:
+    made = memory_cgroup(f"etsdk-test-{os.getpid()}", CAP)
     if made is None:
         pytest.skip("needs root and a writable memory cgroup (v1 memory.limit_in_bytes or v2 memory.max)")
     yield made
-    try:
-        made[0].rmdir()
-    except OSError:
-        pass
+    made.remove()
 
 
 @pytest.fixture(scope="module")
@@ -76,17 +47,15 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
-def _capped_export(cgroup: tuple[Path, str], model: Path, output: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    group, procs = cgroup
+def _capped_export(cgroup: MemoryCgroup, model: Path, output: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "etsdk", "export", "--model", str(model), "-o", str(output), "--backend", "reference",
                "--context-length", "64", "--prefill-length", "8", *extra]
     # the child moves itself into the cgroup before it imports anything, then execs the export
-    enter = f"import os, sys; open({str(group / procs)!r}, 'w').write(str(os.getpid())); os.execv(sys.executable, {command!r})"
-    return subprocess.run([sys.executable, "-c", enter], capture_output=True, text=True, timeout=900)
+    return subprocess.run(cgroup.command(command), capture_output=True, text=True, timeout=900)
 
 
 def test_a_checkpoint_larger_than_the_memory_limit_exports_and_generates(
-    cgroup: tuple[Path, str], checkpoint: Path, tmp_path: Path
+    cgroup: MemoryCgroup, checkpoint: Path, tmp_path: Path
 ) -> None:
     size = sum(p.stat().st_size for p in checkpoint.glob("*.safetensors"))
     assert size > 1.25 * CAP, f"the checkpoint ({size} bytes) must be well above the limit ({CAP})"
@@ -114,7 +83,7 @@ def test_a_checkpoint_larger_than_the_memory_limit_exports_and_generates(
     assert list(got) == want
 
 
-def test_the_limit_bites_an_export_that_copies_the_weights(cgroup: tuple[Path, str], checkpoint: Path, tmp_path: Path) -> None:
+def test_the_limit_bites_an_export_that_copies_the_weights(cgroup: MemoryCgroup, checkpoint: Path, tmp_path: Path) -> None:
     result = _capped_export(cgroup, checkpoint, tmp_path / "upcast.pte", "--weights-dtype", "float32")
     assert result.returncode in (-9, 137), f"an upcast export fit under {CAP} bytes (exit {result.returncode})"
     assert not (tmp_path / "upcast.pte").exists()

@@ -7,19 +7,23 @@
   for testing stateful backends against eager PyTorch.
 * :func:`capture_delegates` / :func:`transform_payloads` /
   :func:`with_required_feature`: see and change what an export hands to backends.
+* :func:`memory_cgroup`: run a command under a memory limit (needs root).
 """
 
+from etsdk.testing.cgroups import MemoryCgroup, memory_cgroup
 from etsdk.testing.delegates import CapturedDelegate, capture_delegates, transform_payloads, with_required_feature
 from etsdk.testing.plugins import PluginSite
 
 __all__ = [
     "CapturedDelegate",
+    "MemoryCgroup",
     "NamedDataStub",
     "PluginSite",
     "ToyDecoder",
     "capture_delegates",
     "kv_decoder_contract",
     "kv_decoder_methods",
+    "memory_cgroup",
     "transform_payloads",
     "with_required_feature",
 ]
