@@ -62,3 +62,14 @@ def test_a_checkpoint_rewritten_before_the_save_fails_it_and_keeps_the_previous_
         lowered.save(previous)
     assert previous.read_bytes() == b"the previous program"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pte", "weights.bin"]
+
+
+def test_a_checkpoint_deleted_before_the_save_is_still_copied(mapped: tuple[Projection, torch.Tensor, Path], tmp_path: Path) -> None:
+    """The file is held open from the moment its weight is stored: removing (or replacing) its name changes nothing."""
+    model, values, path = mapped
+    x = torch.randn(3, 1024)
+    lowered = etsdk.lower(module=model, example_inputs=(x,), backend=BACKEND_ID)
+    path.unlink()
+    lowered.save(tmp_path / "m.pte")
+    (got,) = etsdk.load(tmp_path / "m.pte").run("forward", x)
+    torch.testing.assert_close(got, x @ values.T, rtol=1e-4, atol=1e-3)

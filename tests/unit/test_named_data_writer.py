@@ -71,6 +71,30 @@ def test_a_weight_stored_by_an_earlier_writer_of_the_lowering_is_not_read_again(
     assert decode.add_weight(weight[: SPOOL_BYTES // 4]) != key and len(calls) == 3
 
 
+def test_a_tensor_written_in_place_since_it_was_stored_is_read_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backend that packs several weights through one scratch tensor stores each one's bytes."""
+    calls = _spools(monkeypatch)
+    stored = StoredWeights()
+    scratch = torch.zeros(SPOOL_BYTES // 4 + 8)
+    first = NamedDataWriter("A", stored=stored).add_weight(scratch)
+    scratch.copy_(torch.ones_like(scratch))
+    second = NamedDataWriter("B", stored=stored).add_weight(scratch)
+    assert second == f"weights/{_sha(scratch)}" != first and len(calls) == 2
+
+
+def test_a_parameter_given_new_storage_is_read_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``parameter.data = other`` keeps the object alive but not its memory, which another tensor may then take."""
+    calls = _spools(monkeypatch)
+    stored = StoredWeights()
+    parameter = torch.nn.Parameter(torch.zeros(SPOOL_BYTES // 4 + 8), requires_grad=False)
+    NamedDataWriter("A", stored=stored).add_weight(parameter)
+    parameter.data = torch.ones_like(parameter)
+    gc.collect()
+    again = torch.full_like(parameter, 2.0)  # may land where the zeros were
+    assert NamedDataWriter("B", stored=stored).add_weight(again) == f"weights/{_sha(again)}"
+    assert len(calls) == 2
+
+
 def test_a_remembered_weight_whose_tensor_died_is_read_again(monkeypatch: pytest.MonkeyPatch) -> None:
     """Once the first tensor is gone its memory may hold other bytes: the entry is not trusted."""
     calls = _spools(monkeypatch)

@@ -53,3 +53,17 @@ def test_quantize_model_hands_each_stored_tensor_to_the_spill(tmp_path: Path) ->
         assert len(qdata) == 2 and all(file_range(q.data_ptr(), q.numel()) is not None for q in qdata)
         x = torch.randn(3, 1024)
         assert torch.equal(model(x), held(x))
+
+
+def test_a_spill_without_a_folder_to_make_is_an_export_error(tmp_path: Path) -> None:
+    with pytest.raises(etsdk.ExportError, match=rf"cannot make a folder for converted weights under {tmp_path / 'missing'}"):
+        etsdk.WeightSpill(tmp_path / "missing")
+
+
+def test_a_spill_never_closed_removes_its_files_when_dropped(tmp_path: Path) -> None:
+    spill = etsdk.WeightSpill(tmp_path)
+    kept = spill(torch.randn(SPOOL_BYTES))
+    folder = spill.path
+    assert folder.is_dir()
+    del spill
+    assert not folder.exists() and float(kept.sum()) == float(kept.sum())

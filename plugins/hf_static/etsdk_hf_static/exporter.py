@@ -411,16 +411,20 @@ def _plan(model: Any, output: Path, quiet: bool) -> None:
     one entry per weight, so the program holds about the weights' bytes (a backend that keeps its own copy adds
     another). Weights memory-mapped from the checkpoint are copied from it when the program is written; others
     (quantized, upcast, a model object's) are spooled to temporary files until then (:func:`etsdk.spool_size`).
-    Memory: the export adds about 0.2x the weights to what the loaded model takes (``hf_static_export_memory.py``;
-    the loaded model's memory-mapped pages are dropped from the process once read).
+    Memory: the export adds about 0.2x the weights to what a model in memory takes; a checkpoint's memory-mapped
+    weights are read 64 MiB at a time, their pages dropped once read (``hf_static_export_memory.py``).
     """
     count, size = model_size(model)
     spooled = etsdk.spool_size([*model.parameters(), *model.buffers()])
     _say(
         f"{count / 1e6:.1f}M parameters, {format_bytes(size)} of weights: writes about {format_bytes(size)} to "
         f"{output.parent if str(output.parent) else '.'}"
-        + (f" and spools {format_bytes(spooled)} to temporary files" if spooled else " (copied from the checkpoint's files)")
-        + f"; memory: the loaded model plus about {format_bytes(int(size * 0.2))}",
+        + (f" and spools {format_bytes(spooled)} to temporary files" if spooled else " (copied from their files)")
+        + (
+            f"; memory: the loaded model plus about {format_bytes(int(size * 0.2))}"
+            if spooled
+            else "; memory: the weights are read in place from their files, 64 MiB at a time"
+        ),
         quiet,
     )
     check_free_space(output, size, spooled_bytes=spooled)

@@ -142,21 +142,17 @@ def spool_size(tensors: Iterable[Any]) -> int:
     """What ``NamedDataWriter.add_weight`` would keep in temporary files for ``tensors`` (each memory counted once):
     the large ones that are not memory-mapped from a file. A memory-mapped weight (a checkpoint loaded in its own
     dtype) is copied from its file when the program is written, so it needs no temporary copy."""
-    from etsdk._export.partition import SPOOL_BYTES
-    from etsdk._format.mapped_pages import file_range
+    from etsdk._export.partition import memory_of, spooled
 
-    seen: set[tuple[int, int]] = set()
+    seen: set[tuple[Any, ...] | None] = set()
     total = 0
     for tensor in tensors:
-        nbytes = tensor.numel() * tensor.element_size()
-        if nbytes < SPOOL_BYTES or tensor.device.type == "meta":
+        memory = memory_of(tensor) if tensor.device.type != "meta" else None
+        if memory is None or memory in seen:
             continue
-        where = (tensor.data_ptr(), nbytes)
-        if where in seen:
-            continue
-        seen.add(where)
-        if not tensor.is_contiguous() or tensor.device.type != "cpu" or file_range(tensor.data_ptr(), nbytes) is None:
-            total += nbytes
+        seen.add(memory)
+        if spooled(tensor):
+            total += tensor.numel() * tensor.element_size()
     return total
 
 

@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from etsdk._format.mapped_pages import CHUNK
 from etsdk._state.signature import DelegateSignature, StateBinding
 from etsdk.errors import ExportError
 
 __all__ = ["Constant", "NamedDataWriter", "Partition", "StateUpdate", "StoredWeights"]
 
-_CHUNK = 8 * 1024 * 1024
 
 #: Weights of this many bytes or more are spooled through a temporary file by ``add_weight``; smaller ones are
 #: held as bytes (a temporary file each would cost more than it saves).
@@ -62,13 +62,14 @@ class StateUpdate:
 
 @dataclass(frozen=True, slots=True)
 class _Stored:
-    alive: Callable[[], Any]  # None once the memory stored may have been freed
+    alive: Callable[[], Any]  # the tensor (or storage) stored, None once its memory may have been freed
+    version: int  # the tensor's in-place write counter when it was stored
     key: str
     data: Any  # bytes, or executorch's FileBackedData over the spooled or mapped bytes
     fast: str | None
 
 
-def _memory(tensor: Any) -> tuple[Any, ...] | None:
+def memory_of(tensor: Any) -> tuple[Any, ...] | None:
     """Where ``tensor``'s bytes are: device, storage address, offset, dtype, shape, strides (None for a tensor
     without storage, such as a fake one)."""
     try:
@@ -78,32 +79,57 @@ def _memory(tensor: Any) -> tuple[Any, ...] | None:
         return None
 
 
+def mapped_range(data: Any) -> Any:
+    """The file bytes a contiguous CPU tensor ``data`` is memory-mapped from (a :class:`FileRange`), when every page
+    of it still holds the file's bytes: such a weight is copied from its file when the program is written instead
+    of spooled. None otherwise (anonymous memory, or a page changed in memory: copy-on-write)."""
+    from etsdk._format.mapped_pages import file_range, unchanged_file_pages
+
+    size = data.numel() * data.element_size()
+    if data.device.type != "cpu" or not data.is_contiguous() or size == 0:
+        return None
+    where = file_range(data.data_ptr(), size)
+    return where if where is not None and unchanged_file_pages(data.data_ptr(), size) else None
+
+
+def spooled(tensor: Any) -> bool:
+    """Whether :meth:`NamedDataWriter.add_weight` keeps ``tensor`` in a temporary file until the program is
+    written: a weight of :data:`SPOOL_BYTES` or more that is not :func:`mapped_range`."""
+    return tensor.numel() * tensor.element_size() >= SPOOL_BYTES and mapped_range(tensor.detach()) is None
+
+
 class StoredWeights:
     """The weights one lowering has stored, by the memory they were read from.
 
     Prefill and decode (and every backend of a mixed program) store the same weights: a weight met again is
     added under its key without being read, hashed or spooled a second time. An entry is used only while its
     memory cannot hold other bytes: the storage of a memory-mapped weight is kept (it costs no memory: its pages
-    are dropped once read), any other is followed by a weak reference to the tensor first stored.
+    are dropped once read), any other is followed by a weak reference to the tensor first stored, whose storage
+    must still be that memory; and only if the tensor met has not been written in place since (its version
+    counter: a scratch tensor refilled with ``copy_`` is read again). Writes that bypass torch (through numpy or a
+    raw pointer) are not seen: a backend must not change a tensor after storing it.
     """
 
     def __init__(self) -> None:
         self._by_memory: dict[tuple[Any, ...], _Stored] = {}
 
-    def find(self, memory: tuple[Any, ...]) -> _Stored | None:
+    def find(self, memory: tuple[Any, ...], tensor: Any) -> _Stored | None:
         found = self._by_memory.get(memory)
-        if found is not None and found.alive() is None:
+        if found is None:
+            return None
+        held = found.alive()
+        if held is None or held.untyped_storage().data_ptr() != memory[1] or found.version != tensor._version:
             del self._by_memory[memory]
             return None
         return found
 
     def remember(self, memory: tuple[Any, ...], tensor: Any, key: str, data: Any, fast: str | None, *, mapped: bool) -> None:
         if mapped:
-            storage = tensor.untyped_storage()
-            self._by_memory[memory] = _Stored(lambda: storage, key, data, fast)
+            kept = tensor.detach()  # holds the storage (the mapping) alive
+            self._by_memory[memory] = _Stored(lambda: kept, tensor._version, key, data, fast)
             return
         try:
-            self._by_memory[memory] = _Stored(weakref.ref(tensor), key, data, fast)
+            self._by_memory[memory] = _Stored(weakref.ref(tensor), tensor._version, key, data, fast)
         except TypeError:  # an object that takes no weak reference: not remembered, stored again next time
             pass
 
@@ -177,7 +203,7 @@ class NamedDataWriter:
         h = hashlib.sha256() if sha256 is None else None
         if h is not None or fast is not None:
             with path.open("rb") as f:
-                while chunk := f.read(_CHUNK):
+                while chunk := f.read(CHUNK):
                     if h is not None:
                         h.update(chunk)
                     if fast is not None:
@@ -207,10 +233,8 @@ class NamedDataWriter:
         """
         import torch
 
-        from etsdk._format.mapped_pages import file_range
-
-        memory = _memory(tensor) if self._stored is not None else None
-        found = self._stored.find(memory) if self._stored is not None and memory is not None else None
+        memory = memory_of(tensor) if self._stored is not None else None
+        found = self._stored.find(memory, tensor) if self._stored is not None and memory is not None else None
         if found is not None:
             self._store.add_named_data(found.key, found.data, alignment=alignment, external_tag=self.external)
             if found.fast is not None:
@@ -229,7 +253,7 @@ class NamedDataWriter:
             self._fast(key, stored)
             self._store.add_named_data(key, stored, alignment=alignment, external_tag=self.external)
         else:
-            where = file_range(data.data_ptr(), size)
+            where = mapped_range(data)
             key, stored = (
                 self._mapped_weight(view, where, data.data_ptr(), alignment)
                 if where is not None
@@ -256,7 +280,7 @@ class NamedDataWriter:
             if sink is not None:
                 sink(chunk)
 
-        read_through(view, address, consume, _CHUNK)
+        read_through(view, address, consume)
         return digest, fast
 
     def _add_large(self, digest: Any, fast: Any, data: Any, alignment: int) -> tuple[str, Any]:
@@ -267,14 +291,10 @@ class NamedDataWriter:
         return key, data
 
     def _mapped_weight(self, view: memoryview, where: Any, address: int, alignment: int) -> tuple[str, Any]:
-        """A weight memory-mapped from a file: hashed from memory, copied from the file when the program is written
-        (:class:`~etsdk._export.file_range_data.FileRangeData`; no temporary copy), unless a page of it was
-        changed in memory (copy-on-write): then the memory's bytes are spooled."""
+        """A weight memory-mapped from a file (:func:`mapped_range`): hashed from memory, copied from the file when
+        the program is written (:class:`~etsdk._export.file_range_data.FileRangeData`; no temporary copy)."""
         from etsdk._export.file_range_data import FileRangeData
-        from etsdk._format.mapped_pages import unchanged_file_pages
 
-        if not unchanged_file_pages(address, view.nbytes):  # before reading: pages read through are dropped
-            return self._spool_weight(view, address, alignment)
         digest, fast = self._hashed(view, address)
         return self._add_large(digest, fast, FileRangeData(where, digest.digest()), alignment)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import weakref
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -33,7 +34,12 @@ class WeightSpill:
     """
 
     def __init__(self, directory: str | Path | None = None) -> None:
-        self.path = Path(tempfile.mkdtemp(prefix="etsdk-spill-", dir=directory))
+        try:
+            self.path = Path(tempfile.mkdtemp(prefix="etsdk-spill-", dir=directory))
+        except OSError as exc:
+            where = directory if directory is not None else tempfile.gettempdir()
+            raise ExportError(f"cannot make a folder for converted weights under {where}: {exc.strerror or exc} (TMPDIR chooses the folder)") from exc
+        self._removal = weakref.finalize(self, shutil.rmtree, str(self.path), True)  # also without close()
         self._count = 0
         #: bytes written to files so far
         self.bytes = 0
@@ -46,7 +52,7 @@ class WeightSpill:
 
     def close(self) -> None:
         """Remove the files (tensors mapped from them stay readable until released: the mappings keep them)."""
-        shutil.rmtree(self.path, ignore_errors=True)
+        self._removal()
 
     def __call__(self, tensor: Any) -> Any:
         """``tensor``'s values, as a tensor memory-mapped from a new file (or ``tensor`` itself when small)."""
@@ -84,5 +90,9 @@ class WeightSpill:
                 f"writing a {size}-byte converted weight under {self.path.parent} failed: {exc.strerror or exc}; "
                 "nothing was written to the output (TMPDIR chooses the folder)"
             ) from exc
+        try:
+            mapped = torch.from_file(str(path), shared=False, size=source.numel(), dtype=dtype)
+        except RuntimeError as exc:
+            raise ExportError(f"mapping the converted weight {path} back failed: {exc}") from exc
         self.bytes += size
-        return torch.from_file(str(path), shared=False, size=source.numel(), dtype=dtype).view(source.shape)
+        return mapped.view(source.shape)

@@ -29,6 +29,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from etsdk._format.mapped_pages import CHUNK, read_through
 from etsdk.errors import ProgramError
 
 __all__ = ["ModelFingerprint", "model_fingerprint", "states_fingerprint", "weights_fingerprint"]
@@ -73,7 +74,7 @@ def _tensor_digest(tensor: Any) -> str:
     if flat.device.type != "cpu":
         h = hashlib.sha256()
         flat = flat.reshape(-1)
-        step = max(1, (8 << 20) // max(1, flat.element_size()))
+        step = max(1, CHUNK // max(1, flat.element_size()))
         for start in range(0, flat.numel(), step):
             h.update(memoryview(flat[start : start + step].cpu().view(torch.uint8).numpy()))
         return h.hexdigest()
@@ -82,7 +83,6 @@ def _tensor_digest(tensor: Any) -> str:
     flat = flat.reshape(-1)
     if flat.numel() == 0:
         return hashlib.sha256(b"").hexdigest()
-    from etsdk._format.mapped_pages import read_through
 
     h = hashlib.sha256()
     read_through(memoryview(flat.view(torch.uint8).numpy()), flat.data_ptr(), h.update)  # a checkpoint's pages: not kept

@@ -24,6 +24,9 @@ from functools import cache
 
 _MADV_DONTNEED = 4
 
+#: Bytes hashed, copied or converted at a time when a weight is read through.
+CHUNK = 8 << 20
+
 #: Bytes read between two hand-backs when a mapped tensor is read through (:func:`read_through`): the most of one
 #: tensor that is ever resident (a 128k-token embedding is 0.5-1 GB on its own).
 WINDOW = 64 << 20
@@ -76,13 +79,16 @@ def file_range(address: int, nbytes: int) -> FileRange | None:
     return None
 
 
-def unchanged_file_pages(address: int, nbytes: int) -> bool:
+def unchanged_file_pages(address: int, nbytes: int, *, just_read: bool = False) -> bool:
     """Whether every page of ``[address, address + nbytes)`` still holds the file's bytes (``/proc/self/pagemap``):
     a page of a private mapping written in memory became anonymous (copy-on-write: present without bit 61, or
-    swapped out), a page not present is read from the file when touched. False where the kernel does not say."""
+    swapped out), a page not present is read from the file when touched. ``just_read``: the range was just read,
+    so a pagemap showing none of it present is not telling the truth (an emulated ``/proc``), and the answer is
+    False. False where the kernel does not say."""
     page = mmap.PAGESIZE
     first, last = address // page, (address + nbytes - 1) // page
     present, swapped, file_page = 1 << 63, 1 << 62, 1 << 61
+    seen_present = False
     try:
         with open("/proc/self/pagemap", "rb") as pagemap:
             pagemap.seek(first * 8)
@@ -92,29 +98,31 @@ def unchanged_file_pages(address: int, nbytes: int) -> bool:
                 entries = memoryview(pagemap.read(count * 8)).cast("Q")
                 if len(entries) != count:
                     return False
-                if any(entry & swapped or (entry & present and not entry & file_page) for entry in entries):
-                    return False
+                for entry in entries:
+                    if entry & swapped or (entry & present and not entry & file_page):
+                        return False
+                    seen_present = seen_present or bool(entry & present)
                 left -= count
     except (OSError, ValueError):
         return False
-    return True
+    return seen_present or not just_read
 
 
 def release_file_pages(address: int, nbytes: int) -> bool:
-    """Drop the whole pages of ``[address, address + nbytes)`` from this process when every one of them is a mapped
-    file's unchanged page (they stay in the page cache); True if dropped."""
+    """Drop the whole pages of ``[address, address + nbytes)``, just read, from this process when every one of them
+    is a mapped file's unchanged page (they stay in the page cache); True if dropped."""
     advise = _madvise()
     page = mmap.PAGESIZE
     start = -(-address // page) * page
     end = (address + nbytes) // page * page
     if advise is None or end <= start or file_range(start, end - start) is None:
         return False
-    if not unchanged_file_pages(start, end - start):
-        return False
+    if not unchanged_file_pages(start, end - start, just_read=True):
+        return False  # a thread writing the weight between this check and the advice could lose that write: none does during an export
     return advise(start, end - start, _MADV_DONTNEED) == 0  # type: ignore[operator]
 
 
-def read_through(view: memoryview, address: int, consume: Callable[[memoryview], object], chunk: int = 8 << 20) -> None:
+def read_through(view: memoryview, address: int, consume: Callable[[memoryview], object], chunk: int = CHUNK) -> None:
     """Give ``view`` (the bytes at ``address``) to ``consume`` in chunks, dropping each :data:`WINDOW` of a mapped
     file's pages from the process once consumed (anonymous memory is left as it is)."""
     released = 0
