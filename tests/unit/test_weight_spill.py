@@ -19,19 +19,10 @@ def test_a_spilled_tensor_has_the_same_values_and_lives_in_a_file_until_the_spil
         where = file_range(kept.data_ptr(), kept.numel() * 4)
         assert where is not None and Path(where.path).parent == spill.path and spill.bytes == kept.numel() * 4
         small = torch.randn(16)
-        assert spill(small) is not small and torch.equal(spill(small), small)  # small: in memory, no file
+        assert torch.equal(spill(small), small) and spill(small).data_ptr() == small.data_ptr()  # small: no file
         assert len(list(spill.path.iterdir())) == 1
     assert not spill.path.exists()
     assert torch.equal(kept, weight)  # the mapping outlives the file
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_a_cast_converts_slice_by_slice_into_the_file(tmp_path: Path, dtype: torch.dtype) -> None:
-    weight = torch.randn(3000, 1024).to(torch.bfloat16)  # 6 MB of bfloat16, several slices of rows
-    with etsdk.WeightSpill(tmp_path) as spill:
-        cast = spill.cast(weight, dtype)
-        assert cast.dtype == dtype and torch.equal(cast, weight.to(dtype))
-        assert file_range(cast.data_ptr(), cast.numel() * cast.element_size()) is not None
 
 
 def test_a_spill_that_cannot_write_is_an_export_error_naming_the_folder(tmp_path: Path) -> None:

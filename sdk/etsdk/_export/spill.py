@@ -1,7 +1,7 @@
 """Converted weights kept in files instead of memory while a program is exported.
 
-An export that converts weights (quantizes them, or upcasts a 16-bit checkpoint) would otherwise hold the
-converted copy of the whole model in anonymous memory until the program is written. A :class:`WeightSpill` writes
+An export that converts weights (quantizes them) would otherwise hold the converted copy of the whole model in
+anonymous memory until the program is written. A :class:`WeightSpill` writes
 each converted tensor to its own file and hands back a tensor memory-mapped from that file: the export then reads
 it like a checkpoint's weight (its pages dropped from the process once read, its bytes copied from the file into
 the program, no second temporary copy), so what stays resident is one tensor at a time, not the model.
@@ -19,8 +19,6 @@ from typing import Any
 from etsdk.errors import ExportError
 
 __all__ = ["WeightSpill"]
-
-_ROWS_BYTES = 16 << 20  # a cast converts this much of a tensor at a time
 
 
 class WeightSpill:
@@ -55,35 +53,24 @@ class WeightSpill:
         self._removal()
 
     def __call__(self, tensor: Any) -> Any:
-        """``tensor``'s values, as a tensor memory-mapped from a new file (or ``tensor`` itself when small)."""
-        return self._write(tensor, tensor.dtype)
-
-    def cast(self, tensor: Any, dtype: Any) -> Any:
-        """``tensor.to(dtype)``, converted a slice of rows at a time straight into a new file and mapped back: the
-        converted copy is never whole in memory, and the source's pages (a checkpoint's) are dropped as they are read."""
-        return self._write(tensor, dtype)
-
-    def _write(self, tensor: Any, dtype: Any) -> Any:
+        """``tensor``'s values, as a tensor memory-mapped from a new file (``tensor`` itself when small or not on
+        the CPU). The file is written a chunk at a time (the pages of a ``tensor`` mapped from another file, a
+        checkpoint's, are dropped from the process as they are read)."""
         import torch
 
         from etsdk._export.partition import SPOOL_BYTES
-        from etsdk._format.mapped_pages import release_file_pages
+        from etsdk._format.mapped_pages import read_through
 
         source = tensor.detach()
-        size = source.numel() * torch.empty((), dtype=dtype).element_size()
+        size = source.numel() * source.element_size()
         if size < SPOOL_BYTES or source.device.type != "cpu":
-            return source.to(dtype)
+            return source
         source = source.contiguous()
-        flat = source.reshape(source.shape[0] if source.dim() else 1, -1)
-        step = max(1, _ROWS_BYTES // max(1, flat.shape[1] * source.element_size()))
         path = self.path / f"{self._count}.bin"
         self._count += 1
         try:
             with open(path, "wb") as out:
-                for start in range(0, flat.shape[0], step):
-                    rows = flat[start : start + step]
-                    out.write(memoryview(rows.to(dtype).contiguous().view(torch.uint8).numpy()).cast("B"))
-                    release_file_pages(rows.data_ptr(), rows.numel() * rows.element_size())
+                read_through(memoryview(source.reshape(-1).view(torch.uint8).numpy()), source.data_ptr(), out.write)
         except OSError as exc:
             path.unlink(missing_ok=True)
             raise ExportError(
@@ -91,7 +78,7 @@ class WeightSpill:
                 "nothing was written to the output (TMPDIR chooses the folder)"
             ) from exc
         try:
-            mapped = torch.from_file(str(path), shared=False, size=source.numel(), dtype=dtype)
+            mapped = torch.from_file(str(path), shared=False, size=source.numel(), dtype=source.dtype)
         except RuntimeError as exc:
             raise ExportError(f"mapping the converted weight {path} back failed: {exc}") from exc
         self.bytes += size
