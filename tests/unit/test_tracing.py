@@ -63,3 +63,18 @@ def test_strict_export_does_not_clone_the_weights() -> None:
     assert cloned >= weights, f"torch no longer clones parameters while tracing ({cloned} of {weights} B); etsdk._export.tracing may be dropped"
     shared, _ = _parameter_bytes_cloned(shared=True)
     assert shared == 0, f"{shared} B of parameters were still cloned inside weights_shared_while_tracing()"
+
+
+def test_a_quantized_layers_stored_tensors_are_shared_too() -> None:
+    """Buffers (integer tensors) but weights: strict export of a quantized model cloned each twice before."""
+    import etsdk
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)).eval()
+    etsdk.quantize_model(model, "int4:g32:min")
+    stored = [t for m in model if isinstance(m, etsdk.QuantizedLinear) for t in (m.qdata, m.scales, m.mins)]
+    assert len(stored) == 6
+    cache = torch.zeros(3)
+    with weights_shared_while_tracing():
+        assert all(builder._clone_input(t, None) is t for t in stored)
+        assert builder._clone_input(cache, None) is not cache
+    assert all(builder._clone_input(t, None) is not t for t in stored)  # outside the block: cloned

@@ -215,3 +215,16 @@ def test_a_linear_with_int8_activations_computes_on_the_rounded_input() -> None:
     rounded = dequantize_activations(*quantize_activations(x))
     torch.testing.assert_close(got, rounded @ exact.t(), atol=1e-5, rtol=0)
     assert not torch.allclose(got, x @ exact.t(), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["int8", "int8:g64", "int4:g32", "int4:g32:min:f16", "int4:g128:bf16"])
+def test_quantizing_a_slice_of_rows_at_a_time_changes_no_value(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from etsdk._quant import planes
+
+    weight = torch.randn(37, 256) * torch.logspace(-2, 1, 37).unsqueeze(1)
+    whole = planes.quantize(weight, WeightFormat.parse(name))
+    monkeypatch.setattr(planes, "_ROW_CHUNK_VALUES", 3 * 256)  # 3 rows at a time, the last slice short
+    sliced = planes.quantize(weight, WeightFormat.parse(name))
+    assert whole.keys() == sliced.keys()
+    for key in whole:
+        assert whole[key].dtype == sliced[key].dtype and torch.equal(whole[key], sliced[key]), key

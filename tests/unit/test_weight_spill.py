@@ -1,4 +1,4 @@
-"""``etsdk.WeightSpill``: converted weights kept in files, memory-mapped, instead of in memory."""
+"""``etsdk.WeightSpill``: converted weights made in files, memory-mapped, instead of in memory."""
 
 from __future__ import annotations
 
@@ -11,28 +11,28 @@ from etsdk._export.partition import SPOOL_BYTES
 from etsdk._format.mapped_pages import file_range
 
 
-def test_a_spilled_tensor_has_the_same_values_and_lives_in_a_file_until_the_spill_closes(tmp_path: Path) -> None:
-    weight = torch.randn(512, SPOOL_BYTES // 2048 + 3)
+def test_a_tensor_made_by_a_spill_lives_in_a_file_until_the_spill_closes(tmp_path: Path) -> None:
+    values = torch.randn(512, SPOOL_BYTES // 2048 + 3)
     with etsdk.WeightSpill(tmp_path) as spill:
-        kept = spill(weight)
-        assert torch.equal(kept, weight) and kept.shape == weight.shape and kept.dtype == weight.dtype
-        where = file_range(kept.data_ptr(), kept.numel() * 4)
-        assert where is not None and Path(where.path).parent == spill.path and spill.bytes == kept.numel() * 4
-        small = torch.randn(16)
-        assert torch.equal(spill(small), small) and spill(small).data_ptr() == small.data_ptr()  # small: no file
-        assert len(list(spill.path.iterdir())) == 1
+        made = spill.empty(tuple(values.shape), torch.float32)
+        made.copy_(values)
+        where = file_range(made.data_ptr(), made.numel() * 4)
+        assert where is not None and Path(where.path).parent == spill.path and spill.bytes == made.numel() * 4
+        assert Path(where.path).read_bytes() == values.numpy().tobytes()  # written through to the file
+        small = spill.empty((16,), torch.float32)
+        assert file_range(small.data_ptr(), 64) is None and len(list(spill.path.iterdir())) == 1  # small: memory
     assert not spill.path.exists()
-    assert torch.equal(kept, weight)  # the mapping outlives the file
+    assert torch.equal(made, values)  # the mapping outlives the file
 
 
-def test_a_spill_that_cannot_write_is_an_export_error_naming_the_folder(tmp_path: Path) -> None:
+def test_a_spill_that_cannot_make_its_file_is_an_export_error_naming_the_folder(tmp_path: Path) -> None:
     spill = etsdk.WeightSpill(tmp_path)
-    spill.path.rmdir()  # the folder vanished (or the disk is full): the write fails
-    with pytest.raises(etsdk.ExportError, match=rf"converted weight under {tmp_path} failed: .*nothing was written"):
-        spill(torch.randn(SPOOL_BYTES))
+    spill.path.rmdir()  # the folder vanished (or the disk is full): the file cannot be made
+    with pytest.raises(etsdk.ExportError, match=rf"file for a converted weight under {tmp_path} failed: .*nothing was written"):
+        spill.empty((SPOOL_BYTES,), torch.float32)
 
 
-def test_quantize_model_hands_each_stored_tensor_to_the_spill(tmp_path: Path) -> None:
+def test_quantize_model_makes_each_stored_tensor_in_the_spill(tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(1024, 2048), torch.nn.Linear(2048, 1024))
     held = torch.nn.Sequential(torch.nn.Linear(1024, 2048), torch.nn.Linear(2048, 1024))
@@ -53,8 +53,8 @@ def test_a_spill_without_a_folder_to_make_is_an_export_error(tmp_path: Path) -> 
 
 def test_a_spill_never_closed_removes_its_files_when_dropped(tmp_path: Path) -> None:
     spill = etsdk.WeightSpill(tmp_path)
-    kept = spill(torch.randn(SPOOL_BYTES))
+    made = spill.empty((SPOOL_BYTES,), torch.float32).fill_(1.0)
     folder = spill.path
     assert folder.is_dir()
     del spill
-    assert not folder.exists() and float(kept.sum()) == float(kept.sum())
+    assert not folder.exists() and float(made.sum()) == SPOOL_BYTES

@@ -18,18 +18,22 @@ round-to-nearest affine scheme; tests compare it with torchao's primitives.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from etsdk._format.mapped_pages import release_file_pages
 from etsdk._format.weight_format import QuantizationPlan, WeightFormat, WeightLayout
 from etsdk._quant.ops import columns_of
 from etsdk._quant.planes import quantize
 
 __all__ = ["QuantizationReport", "QuantizedEmbedding", "QuantizedLinear", "quantize_model"]
+
+
+#: Attribute set on a quantized layer's stored tensors: buffers (they are integer tensors), yet weights that
+#: nothing writes, which strict export's tracing may share instead of cloning, as it does parameters.
+READ_ONLY = "_etsdk_read_only_weight"
 
 
 class _Stored(torch.nn.Module):
@@ -43,6 +47,9 @@ class _Stored(torch.nn.Module):
         self.register_buffer("qdata", qdata)
         self.register_buffer("scales", None if blocks else stored["scales"])
         self.register_buffer("mins", None if blocks else stored.get("mins"))
+        for buffer in (self.qdata, self.scales, self.mins):
+            if buffer is not None:  # weights, never written: tracing may share them (etsdk._export.tracing)
+                setattr(buffer, READ_ONLY, True)
         self.rows = int(qdata.shape[0])
         self.columns = columns_of(fmt, tuple(qdata.shape))
 
@@ -57,9 +64,10 @@ class QuantizedLinear(_Stored):
         self.in_features, self.out_features = self.columns, self.rows
 
     @classmethod
-    def from_linear(cls, linear: torch.nn.Linear, fmt: WeightFormat) -> QuantizedLinear:
-        """``linear``'s weight quantized to ``fmt`` (a planes format), its bias kept in float."""
-        return cls(fmt, quantize(linear.weight, fmt), linear.bias)
+    def from_linear(cls, linear: torch.nn.Linear, fmt: WeightFormat, empty: Any = None) -> QuantizedLinear:
+        """``linear``'s weight quantized to ``fmt`` (a planes format), its bias kept in float; ``empty(shape,
+        dtype)`` makes each stored tensor (:func:`etsdk._quant.planes.quantize`)."""
+        return cls(fmt, quantize(linear.weight, fmt, empty), linear.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ w.T + bias`` by ``etsdk::linear_q``."""
@@ -82,9 +90,12 @@ class QuantizedEmbedding(_Stored):
         self.num_embeddings, self.embedding_dim = self.rows, self.columns
 
     @classmethod
-    def from_embedding(cls, embedding: torch.nn.Embedding, fmt: WeightFormat) -> QuantizedEmbedding:
-        """``embedding``'s table quantized to ``fmt`` (a planes format), one group of scales per row."""
-        return cls(fmt, quantize(embedding.weight, fmt), embedding.weight.dtype, getattr(embedding, "embed_scale", None))
+    def from_embedding(cls, embedding: torch.nn.Embedding, fmt: WeightFormat, empty: Any = None) -> QuantizedEmbedding:
+        """``embedding``'s table quantized to ``fmt`` (a planes format), one group of scales per row; ``empty`` as
+        in :meth:`QuantizedLinear.from_linear`."""
+        return cls(
+            fmt, quantize(embedding.weight, fmt, empty), embedding.weight.dtype, getattr(embedding, "embed_scale", None)
+        )
 
     def forward(self, indices: torch.Tensor) -> torch.Tensor:
         """The rows ``indices`` picks, dequantized (times ``scale`` when there is one)."""
@@ -141,7 +152,7 @@ def quantize_model(
     embedding: WeightFormat | str | None = None,
     head: WeightFormat | str | None = None,
     head_module: str | None = None,
-    spill: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    spill: Any = None,
 ) -> QuantizationReport:
     """Quantize ``model`` in place; returns what changed.
 
@@ -150,10 +161,9 @@ def quantize_model(
     ``embed_scale``, as Gemma's); ``head``: of the output head, the linear named ``head_module`` (for a
     transformers model, ``get_output_embeddings()``). A layer whose shape the format cannot hold (rows not a
     multiple of the group) is refused with ``ValueError`` naming it and the fix; nothing is changed then.
-    ``spill``: called with each stored tensor as it is made, it returns the tensor to keep (an
-    :class:`etsdk.WeightSpill` keeps them in files, memory-mapped, instead of in memory: an export of a large
-    model then holds one layer's quantized weights at a time). A weight's memory-mapped pages (a checkpoint's)
-    are dropped from the process once it is quantized.
+    ``spill``: an :class:`etsdk.WeightSpill` that makes every stored tensor in a file, memory-mapped, instead of in
+    memory (an export of a large model then holds a slice of one layer at a time). A weight is quantized a slice
+    of rows at a time, and its memory-mapped pages (a checkpoint's) are dropped from the process as they are read.
     """
     if isinstance(linear, QuantizationPlan):
         formats = {"linear": linear.linear, "embedding": linear.embedding, "head": linear.head}
@@ -198,17 +208,11 @@ def quantize_model(
             report.quantized_bytes += fmt.nbytes(int(weight.shape[0]), int(weight.shape[1]))
         seen.add(id(weight))
         stored.add((id(weight), fmt.name))
+        empty = spill.empty if spill is not None else None
         if isinstance(module, torch.nn.Embedding):
-            replacement: torch.nn.Module = QuantizedEmbedding.from_embedding(module, fmt)
+            replacement: torch.nn.Module = QuantizedEmbedding.from_embedding(module, fmt, empty)
         else:
-            replacement = QuantizedLinear.from_linear(module, fmt)
+            replacement = QuantizedLinear.from_linear(module, fmt, empty)
         report.quantized[name] = fmt.name
-        if spill is not None:
-            for buffer in ("qdata", "scales", "mins"):
-                value = getattr(replacement, buffer)
-                if value is not None:
-                    setattr(replacement, buffer, spill(value))
         _set(model, name, replacement)
-        if weight.device.type == "cpu" and weight.is_contiguous():  # a mapped checkpoint's pages: not kept resident
-            release_file_pages(weight.data_ptr(), weight.numel() * weight.element_size())
     return report

@@ -12,7 +12,7 @@ largest magnitude, minimum formats from each group's range).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -114,14 +114,52 @@ def dequantize(planes: Planes, rows: torch.Tensor | None = None) -> torch.Tensor
     return weight.reshape(*lead, columns)
 
 
-def quantize(weight: torch.Tensor, fmt: WeightFormat) -> dict[str, torch.Tensor]:
-    """Quantize a float ``[N, K]`` ``weight`` to the planes format ``fmt``: ``{"qdata", "scales"[, "mins"]}``."""
+#: Values quantized at a time: each float32 temporary of the arithmetic is at most 16 MB, whatever the weight
+#: (a 128k-token embedding is 0.26-0.5 G values, and the arithmetic holds several float32 copies).
+_ROW_CHUNK_VALUES = 4 << 20
+
+
+def quantize(
+    weight: torch.Tensor, fmt: WeightFormat, empty: Callable[[tuple[int, ...], torch.dtype], torch.Tensor] | None = None
+) -> dict[str, torch.Tensor]:
+    """Quantize a float ``[N, K]`` ``weight`` to the planes format ``fmt``: ``{"qdata", "scales"[, "mins"]}``.
+
+    Rows are quantized a slice at a time into the planes (every group lies within one row, so slicing changes no
+    value): the temporaries are bounded, not the weight's size in float32 several times over, and the pages of a
+    memory-mapped ``weight`` (a checkpoint's) are dropped from the process as each slice is read. ``empty(shape,
+    dtype)`` makes each plane (default ``torch.empty``; :meth:`etsdk.WeightSpill.empty` makes it in a file, whose
+    written pages are dropped from the process as each slice is written)."""
+    from etsdk._format.mapped_pages import release_file_pages
+
     if fmt.layout is not WeightLayout.PLANES:
         raise ValueError(f"etsdk quantizes to planes formats; {fmt.name} blocks come from a GGUF file")
     if weight.dim() != 2:
         raise ValueError(f"a quantized weight is 2-D [N, K], found shape {list(weight.shape)}")
     rows, columns = (int(d) for d in weight.shape)
     fmt.check_shape(rows, columns)
+    step = max(1, _ROW_CHUNK_VALUES // max(1, columns))
+    out: dict[str, torch.Tensor] = {}
+    for start in range(0, rows, step):
+        part = weight.detach()[start : start + step]
+        planes = _quantize_rows(part, fmt)
+        if not out:
+            make = empty if empty is not None and part.device.type == "cpu" else _empty
+            out = {k: make((rows, *v.shape[1:]), v.dtype) for k, v in planes.items()}
+        for key, value in planes.items():
+            written = out[key][start : start + step]
+            written.copy_(value)
+            release_file_pages(written.data_ptr(), written.numel() * written.element_size())
+        if part.device.type == "cpu" and part.is_contiguous():
+            release_file_pages(part.data_ptr(), part.numel() * part.element_size())
+    return out
+
+
+def _empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype)
+
+
+def _quantize_rows(weight: torch.Tensor, fmt: WeightFormat) -> dict[str, torch.Tensor]:
+    rows, columns = (int(d) for d in weight.shape)
     group = fmt.group_size or columns
     grouped = weight.detach().float().reshape(rows, columns // group, group)
     scale_dtype = getattr(torch, fmt.scale_dtype)
