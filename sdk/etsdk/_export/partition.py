@@ -260,8 +260,7 @@ class NamedDataWriter:
                 else self._spool_weight(view, data.data_ptr(), alignment)
             )
         if self._stored is not None and memory is not None:
-            mapped = where is not None and data.data_ptr() == tensor.data_ptr()
-            self._stored.remember(memory, tensor, key, stored, self.fast_digests.get(key), mapped=mapped)
+            self._stored.remember(memory, tensor, key, stored, self.fast_digests.get(key), mapped=where is not None)
         return key
 
     def _hashed(self, view: memoryview, address: int, sink: Callable[[memoryview], Any] | None = None) -> tuple[Any, Any]:

@@ -148,7 +148,8 @@ def quantize(
         for key, value in planes.items():
             written = out[key][start : start + step]
             written.copy_(value)
-            release_file_pages(written.data_ptr(), written.numel() * written.element_size())
+            if empty is not None:  # planes made in files: their written pages go (torch.empty's are the result)
+                release_file_pages(written.data_ptr(), written.numel() * written.element_size())
         if part.device.type == "cpu" and part.is_contiguous():
             release_file_pages(part.data_ptr(), part.numel() * part.element_size())
     return out
