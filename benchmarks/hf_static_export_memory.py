@@ -15,7 +15,8 @@ ms) is the figure that grows with the model only if something copies it.
 
 Last line: JSON with ``weights_bytes``, ``baseline_rss_bytes``, ``peak_rss_bytes``,
 ``peak_over_baseline_per_weight``, ``stages`` (stage -> peak RSS bytes when that stage started),
-``checkpoint_dtype`` (null without ``--checkpoint``), ``checkpoint_bytes``, ``baseline_anon_bytes``,
+``checkpoint_dtype`` (null without ``--checkpoint``), ``quantize`` (``--quantize FORMAT``: the export quantizes
+the linear layers as ``etsdk export --quantize FORMAT`` does; null without), ``checkpoint_bytes``, ``baseline_anon_bytes``,
 ``peak_anon_bytes`` and ``peak_anon_over_baseline_per_weight``.
 
 ``--shape NAME`` (repeatable: ``smollm2-360m``, ``llama-3.2-1b``, ``llama-3.2-3b``, ``llama-3.1-8b``): a sweep over
@@ -206,6 +207,7 @@ def _program_bytes(paths: list[Path]) -> int:
 
 def measure(args: argparse.Namespace, source: Any, checkpoint_bytes: int | None, output: Path) -> dict[str, Any]:
     """Export ``source`` (a model object or a checkpoint directory) to ``output`` in this process; the figures."""
+    from etsdk import QuantizationPlan
     from etsdk_hf_static.exporter import export
 
     stages: dict[str, int] = {}
@@ -223,7 +225,8 @@ def measure(args: argparse.Namespace, source: Any, checkpoint_bytes: int | None,
     try:
         with _AnonPeak() as anon:
             written = export(source, output, backend="aoti", prefill_length=32, context_length=256,
-                             partitioner_options={"EtsdkAotiBackend": {"device": "cpu"}}, quiet=False)
+                             partitioner_options={"EtsdkAotiBackend": {"device": "cpu"}}, quiet=False,
+                             quantization=QuantizationPlan.for_format(args.quantize) if args.quantize else None)
     finally:
         sys.stderr = stderr
     elapsed = time.perf_counter() - recorder.started
@@ -235,6 +238,7 @@ def measure(args: argparse.Namespace, source: Any, checkpoint_bytes: int | None,
         "peak_over_baseline_per_weight": (peak - baseline) / weights,
         "stages": stages,
         "checkpoint_dtype": args.checkpoint,
+        "quantize": args.quantize,
         "checkpoint_bytes": checkpoint_bytes,
         "baseline_anon_bytes": baseline_anon,
         "peak_anon_bytes": anon.peak,
@@ -286,7 +290,7 @@ def sweep(args: argparse.Namespace) -> None:
             print(f"{name}: {wrote['parameters'] / 1e9:.2f}B parameters, {args.checkpoint} checkpoint written in "
                   f"{time.perf_counter() - started:.0f}s", file=sys.stderr)
             command = [sys.executable, __file__, "--export-checkpoint", str(checkpoint), "--output", str(program),
-                       "--checkpoint", args.checkpoint]
+                       "--checkpoint", args.checkpoint, *(["--quantize", args.quantize] if args.quantize else [])]
             group = None
             if args.memory_cap:
                 from etsdk.testing import memory_cgroup
@@ -345,6 +349,9 @@ def main() -> None:
                              "with --shape: bfloat16)")
     parser.add_argument("--shape", action="append", choices=sorted(SHAPES), default=[],
                         help="a real model shape to sweep over (repeatable)")
+    parser.add_argument("--quantize", default=None, metavar="FORMAT",
+                        help="with the export, quantize the linear layers to FORMAT (int8, int4:g32, ...) and the embedding "
+                             "and head to int8, as etsdk export --quantize FORMAT does")
     parser.add_argument("--memory-cap", type=_bytes, default=None,
                         help="with --shape: export inside a memory cgroup of this many bytes (e.g. 4GiB; needs root)")
     parser.add_argument("--generate", type=int, default=4, help="with --shape: greedy tokens the program generates (0: none)")

@@ -145,12 +145,13 @@ EXPECTED_KEYS: dict[str, set[str]] = {
         "stage_seconds",
         "bytes_written",
         "peak_rss_over_checkpoint",
+        "quantize",
     },
 }
 
 #: variants whose last line has other keys than the script's plain run (``--shape``: one entry per shape)
 VARIANT_KEYS = {
-    "hf_static_export_memory--shapesmollm2-360m": {"shapes", "export_seconds_per_billion_parameters"},
+    "hf_static_export_memory--shapesmollm2-360m--quantizeint8": {"shapes", "export_seconds_per_billion_parameters"},
 }
 
 #: scripts that take a working directory for what they write (the others write only to temporary directories)
@@ -162,7 +163,8 @@ VARIANTS = [
     ("hf_static_decode", ["--quantize", "int4"]),  # the quantized paths (llama.cpp is a benchmark-only install)
     ("hf_static_decode", ["--weights-dtype", "bfloat16"]),  # 16-bit weights beside the float32 program
     ("hf_static_export_memory", ["--checkpoint", "bfloat16"]),  # export from a checkpoint directory
-    ("hf_static_export_memory", ["--shape", "smollm2-360m"]),  # the shape sweep (checkpoint writer, export, generate)
+    # the shape sweep (checkpoint writer, export with quantization into a spill, generate)
+    ("hf_static_export_memory", ["--shape", "smollm2-360m", "--quantize", "int8"]),
 ]
 
 #: a hang guard, not a timing check (a smoke run takes ~10-120 s; much longer on a loaded machine)

@@ -124,7 +124,7 @@ def test_a_program_whose_backend_does_not_declare_a_weights_format_is_refused_at
 def test_quantized_calls_carry_their_format_to_partitioners() -> None:
     net = quantized("int4:g64:min")
     ep = torch.export.export(net, (IDS,))
-    calls = {c.weight_name(ep.graph_signature.inputs_to_buffers): c for n in ep.graph.nodes if (c := quantized_call(n))}
+    calls = {c.weight_name(ep): c for n in ep.graph.nodes if (c := quantized_call(n))}
     assert {k: (v.format.name, v.use.value, v.shape) for k, v in calls.items()} == {
         "embed": ("int8", "embedding", (50, 64)),
         "proj": ("int4:g64:min", "linear", (128, 64)),

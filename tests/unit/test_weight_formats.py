@@ -228,3 +228,28 @@ def test_quantizing_a_slice_of_rows_at_a_time_changes_no_value(name: str, monkey
     assert whole.keys() == sliced.keys()
     for key in whole:
         assert whole[key].dtype == sliced[key].dtype and torch.equal(whole[key], sliced[key]), key
+
+
+def test_a_tied_embedding_and_head_in_one_format_are_quantized_once_and_share_their_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
+    from etsdk._quant import modules
+
+    net = _Net().eval()
+    net.head = torch.nn.Linear(64, 50, bias=False)
+    net.head.weight = net.embed.weight  # tied, as most small LLMs are
+    calls: list[tuple[int, ...]] = []
+    real = modules.quantize
+    monkeypatch.setattr(modules, "quantize", lambda w, fmt, empty=None: calls.append(tuple(w.shape)) or real(w, fmt, empty))
+    report = quantize_model(net, QuantizationPlan.for_format("int4", embedding="int8", head="int8"), head_module="head")
+    assert calls.count((50, 64)) == 1 and report.quantized["head"] == report.quantized["embed"] == "int8"
+    assert net.head.qdata is net.embed.qdata and net.head.scales is net.embed.scales
+    assert report.float_bytes == (50 * 64 + 64 * 96) * 4  # the tied weight counted once, as its storage is
+    assert report.quantized_bytes == sum(WeightFormat.parse(f).nbytes(*s) for f, s in [("int8", (50, 64)), ("int4:g32", (96, 64))])
+    ids = torch.tensor([[1, 7, 49]])
+    table = dequantize(weight_planes(WeightFormat.parse("int8"), {"qdata": net.embed.qdata, "scales": net.embed.scales}, (50, 64)))
+    torch.testing.assert_close(net.head(table[ids]), table[ids] @ table.t())
+    # in different formats they are two weights
+    net = _Net().eval()
+    net.head = torch.nn.Linear(64, 50, bias=False)
+    net.head.weight = net.embed.weight
+    quantize_model(net, QuantizationPlan.for_format("int4", embedding="int8", head="int8:g32"), head_module="head")
+    assert net.head.qdata is not net.embed.qdata and net.head.format == "int8:g32"

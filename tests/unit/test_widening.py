@@ -88,10 +88,10 @@ def test_a_quantized_layers_stored_tensors_keep_their_formats_dtypes() -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Embedding(50, 64), torch.nn.LayerNorm(64), torch.nn.Linear(64, 32)).to(torch.bfloat16)
     quantize_model(model, QuantizationPlan.for_format("int4:g32:min:f16:a8", embedding="int8:g32:f16", head="float"))
-    stored = {n: (t.dtype, t.data_ptr()) for n, t in model.named_buffers() if n.rsplit(".", 1)[-1] in ("qdata", "scales", "mins")}
+    stored = {n: (t.dtype, t.data_ptr()) for n, t in model.named_parameters() if n.rsplit(".", 1)[-1] in ("qdata", "scales", "mins")}
     assert {d for d, _ in stored.values()} == {torch.uint8, torch.int8, torch.float16}
     keep_16bit_weights(model)
-    after = {n: (t.dtype, t.data_ptr()) for n, t in model.named_buffers() if n in stored}
+    after = {n: (t.dtype, t.data_ptr()) for n, t in model.named_parameters() if n in stored}
     assert after == stored  # neither converted nor copied
     assert model[1].weight.dtype == torch.float32 and model(torch.tensor([[3, 4]])).dtype == torch.float32
 

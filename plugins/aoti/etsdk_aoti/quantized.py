@@ -36,7 +36,7 @@ PLANES = ("qdata", "scales", "mins")
 @dataclass(frozen=True, slots=True)
 class Derived:
     """A library constant computed at load: ``plane`` of the planes of a weight in ``format`` (logical ``shape``)
-    stored as ``stored`` (plane name -> the module buffer FQN holding it)."""
+    stored as ``stored`` (plane name -> the module parameter FQN holding it)."""
 
     format: str
     shape: tuple[int, int]
@@ -103,19 +103,18 @@ def check_device(edge_program: Any, device: str) -> None:
     """Refuse a partition for a device other than the CPU that reads a quantized weight, naming the weight."""
     if device == "cpu":
         return
-    buffers = edge_program.graph_signature.inputs_to_buffers
     for node in edge_program.graph.nodes:
         call = quantized_call(node)
         if call is not None:
             raise ExportError(
-                f"etsdk-aoti runs quantized weights on the CPU only; weight {call.describe(buffers)} is in a "
+                f"etsdk-aoti runs quantized weights on the CPU only; weight {call.describe(edge_program)} is in a "
                 f"partition compiled for {device} (export it with device='cpu', or keep the weight in float)"
             )
 
 
 def rewrite_quantized(module: torch.fx.GraphModule) -> dict[str, Derived]:
     """Rewrite every quantized call of ``module`` (the unlifted partition, for the CPU: :func:`check_device`)
-    in place; returns the derived constants added (buffer FQN -> :class:`Derived`)."""
+    in place; returns the derived constants added (parameter FQN -> :class:`Derived`)."""
     graph = module.graph
     derived: dict[str, Derived] = {}
     index = 0
@@ -140,7 +139,8 @@ def rewrite_quantized(module: torch.fx.GraphModule) -> dict[str, Derived]:
                 args[plane] = nodes[plane]  # the stored tensor itself: read from its own entry, zero-copy
                 continue
             fqn = f"etsdk_q{index}_{plane}"
-            module.register_buffer(fqn, planes[plane])
+            # a parameter: AOTInductor clones every buffer of the graph it compiles (a second copy of each plane)
+            module.register_parameter(fqn, torch.nn.Parameter(planes[plane], requires_grad=False))
             with graph.inserting_before(node):
                 args[plane] = graph.get_attr(fqn)
             derived[fqn] = Derived(fmt.name, call.shape, {k: n.target for k, n in stored_nodes.items()}, plane)

@@ -389,8 +389,8 @@ def model_size(model: Any) -> tuple[int, int]:
     count = size = 0
     for module in model.modules():
         quantized = isinstance(module, (QuantizedLinear, QuantizedEmbedding))
-        if quantized:
-            count += module.rows * module.columns
+        if quantized and (module.qdata.untyped_storage().data_ptr(), module.qdata.storage_offset()) not in seen:
+            count += module.rows * module.columns  # once for a tied embedding and head (they share qdata)
         for name, tensor in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
             if tensor is None or name.startswith(("key_cache", "value_cache", "cumulative_length")):
                 continue

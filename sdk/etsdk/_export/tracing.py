@@ -5,10 +5,8 @@ tracing, cloned (torch 2.13: ``torch._dynamo.variables.builder._clone_input``,
 called twice per tensor). For a module's parameters that is a second copy of
 the model for the whole trace, and a third for a moment: strict export of an
 805 MB model raised peak RSS by 1.05 GB here, non-strict by 0.1 GB. Parameters
-are never written while tracing, so the real-value cache can share them; so are a
-quantized layer's stored tensors (buffers, being integer tensors, but weights:
-marked ``READ_ONLY`` by :mod:`etsdk._quant.modules`), which were cloned twice each,
-3.3 GB for a 1.2 GB int8 program.
+are never written while tracing, so the real-value cache can share them (a
+quantized layer's stored tensors are parameters too, :mod:`etsdk._quant.modules`).
 
 :func:`weights_shared_while_tracing` does that for the calling thread only: the
 replacement is installed while at least one thread uses it, does its own work
@@ -35,10 +33,8 @@ _installed: dict[str, Any] = {"users": 0, "original": None}
 def _sharing(original: Callable[..., Any]) -> Callable[..., Any]:
     import torch
 
-    from etsdk._quant.modules import READ_ONLY
-
     def clone_input(value: Any, *args: Any, **kwargs: Any) -> Any:
-        if TRACING.get() and (isinstance(value, torch.nn.Parameter) or getattr(value, READ_ONLY, False)):
+        if TRACING.get() and isinstance(value, torch.nn.Parameter):
             return value
         return original(value, *args, **kwargs)
 
@@ -48,8 +44,7 @@ def _sharing(original: Callable[..., Any]) -> Callable[..., Any]:
 
 @contextmanager
 def weights_shared_while_tracing() -> Iterator[None]:
-    """Within the block, on this thread, Dynamo's export tracing shares parameters (and quantized layers' stored
-    tensors) instead of cloning them."""
+    """Within the block, on this thread, Dynamo's export tracing shares parameters instead of cloning them."""
     try:
         import torch._dynamo.variables.builder as builder
     except ImportError:

@@ -58,7 +58,7 @@ def check_claims(ep: Any, tags: Iterable[str], where: str) -> None:
         why = node.meta.pop(REFUSED_META, None)
         if why is not None and node.meta.get("delegation_tag") in ours:
             call = quantized_call(node)
-            described = call.describe(ep.graph_signature.inputs_to_buffers) if call is not None else f"'{node.name}'"
+            described = call.describe(ep) if call is not None else f"'{node.name}'"
             raise ExportError(f"{where}: the partitioner claimed weight {described}, but {why}")
 
 
@@ -71,7 +71,7 @@ def check_weights_claimed(method: str, ep: Any, reasons: Mapping[str, list[str]]
         if call is None:
             continue
         why = reasons.get(node.meta.get(NODE_ID_META, ""), [])
-        left.append(f"{call.describe(ep.graph_signature.inputs_to_buffers)}: {'; '.join(why) if why else 'no backend of the method claimed it'}")
+        left.append(f"{call.describe(ep)}: {'; '.join(why) if why else 'no backend of the method claimed it'}")
     if left:
         shown = left[:5] + ([f"... and {len(left) - 5} more"] if len(left) > 5 else [])
         raise ExportError(

@@ -33,17 +33,37 @@ WINDOW = 64 << 20
 
 
 @cache
-def _madvise() -> object | None:
+def _libc() -> ctypes.CDLL | None:
     if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     except OSError:
+        return None
+
+
+@cache
+def _madvise() -> object | None:
+    libc = _libc()
+    if libc is None:
         return None
     advise = libc.madvise
     advise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
     advise.restype = ctypes.c_int
     return advise
+
+
+def trim_heap() -> None:
+    """Give the C heap's free pages back to the system (glibc's ``malloc_trim``; elsewhere a no-op).
+
+    A conversion that runs weight after weight (quantization) frees its temporaries, but the small tensors it keeps
+    between them pin the heap, which glibc then never shrinks: quantizing a 1.2B-parameter model's 114 layers left
+    1.3 GB of free heap resident. ``malloc_trim`` returns every free page, also those in the heap's middle.
+    """
+    libc = _libc()
+    trim = getattr(libc, "malloc_trim", None) if libc is not None else None
+    if trim is not None:
+        trim(0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,7 @@
 
 :func:`quantize_model` swaps each ``torch.nn.Linear`` / ``torch.nn.Embedding``
 for a :class:`QuantizedLinear` / :class:`QuantizedEmbedding` whose stored
-tensors are buffers (constants of the exported program, content-addressed in
+tensors are parameters (constants of the exported program, content-addressed in
 named data like every weight) and whose forward calls ``etsdk::linear_q`` /
 ``etsdk::embedding_q``. The float weight is dropped as soon as its layer is
 quantized, so a model never holds both. The quantized model runs eagerly
@@ -31,25 +31,23 @@ from etsdk._quant.planes import quantize
 __all__ = ["QuantizationReport", "QuantizedEmbedding", "QuantizedLinear", "quantize_model"]
 
 
-#: Attribute set on a quantized layer's stored tensors: buffers (they are integer tensors), yet weights that
-#: nothing writes, which strict export's tracing may share instead of cloning, as it does parameters.
-READ_ONLY = "_etsdk_read_only_weight"
-
-
 class _Stored(torch.nn.Module):
-    """The stored tensors of one quantized weight as buffers ``qdata``, ``scales``, ``mins`` (absent ones None)."""
+    """The stored tensors of one quantized weight as parameters ``qdata``, ``scales``, ``mins`` (absent ones None).
+
+    Parameters, not buffers, although nothing trains them: they are weights that nothing writes, and both
+    strict export's tracing (:mod:`etsdk._export.tracing`) and AOTInductor treat parameters that way, where
+    AOTInductor clones every buffer of the graph it compiles (a second copy of every quantized weight).
+    """
 
     def __init__(self, fmt: WeightFormat, stored: Mapping[str, torch.Tensor]) -> None:
         super().__init__()
         self.format = fmt.name
         blocks = fmt.layout is not WeightLayout.PLANES
         qdata = stored["blocks"] if blocks else stored["qdata"]
-        self.register_buffer("qdata", qdata)
-        self.register_buffer("scales", None if blocks else stored["scales"])
-        self.register_buffer("mins", None if blocks else stored.get("mins"))
-        for buffer in (self.qdata, self.scales, self.mins):
-            if buffer is not None:  # weights, never written: tracing may share them (etsdk._export.tracing)
-                setattr(buffer, READ_ONLY, True)
+        for name, tensor in (("qdata", qdata), ("scales", None if blocks else stored["scales"]), ("mins", None if blocks else stored.get("mins"))):
+            if tensor is not None and not isinstance(tensor, torch.nn.Parameter):  # one given is shared (tied layers)
+                tensor = torch.nn.Parameter(tensor, requires_grad=False)
+            self.register_parameter(name, tensor)
         self.rows = int(qdata.shape[0])
         self.columns = columns_of(fmt, tuple(qdata.shape))
 
@@ -199,20 +197,22 @@ def quantize_model(
             raise ValueError(f"{role} '{name}' [{rows}, {columns}]: {exc}; pick a group that divides {columns}, or keep the {role} in float") from None
         plan.append((name, module, fmt))
     seen: set[int] = set()
-    stored: set[tuple[int, str]] = set()  # a tied weight in one format is stored once (equal bytes, one entry)
+    # a tied weight (embedding and head) in one format is quantized once: both layers share the stored tensors
+    stored: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    empty = spill.empty if spill is not None else None
     for name, module, fmt in plan:
         weight = module.weight
         if id(weight) not in seen:
             report.float_bytes += weight.numel() * weight.element_size()
-        if (id(weight), fmt.name) not in stored:
-            report.quantized_bytes += fmt.nbytes(int(weight.shape[0]), int(weight.shape[1]))
         seen.add(id(weight))
-        stored.add((id(weight), fmt.name))
-        empty = spill.empty if spill is not None else None
+        key = (id(weight), fmt.name)
+        if key not in stored:
+            report.quantized_bytes += fmt.nbytes(int(weight.shape[0]), int(weight.shape[1]))
+            stored[key] = {k: torch.nn.Parameter(v, requires_grad=False) for k, v in quantize(weight, fmt, empty).items()}
         if isinstance(module, torch.nn.Embedding):
-            replacement: torch.nn.Module = QuantizedEmbedding.from_embedding(module, fmt, empty)
+            replacement: torch.nn.Module = QuantizedEmbedding(fmt, stored[key], weight.dtype, getattr(module, "embed_scale", None))
         else:
-            replacement = QuantizedLinear.from_linear(module, fmt, empty)
+            replacement = QuantizedLinear(fmt, stored[key], module.bias)
         report.quantized[name] = fmt.name
         _set(model, name, replacement)
     return report

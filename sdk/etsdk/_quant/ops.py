@@ -127,17 +127,27 @@ class QuantizedCall:
         value = qdata.meta.get("val") if hasattr(qdata, "meta") else None
         self.shape = (int(value.shape[0]), columns_of(fmt, tuple(value.shape))) if value is not None else (0, 0)
 
-    def weight_name(self, buffers: Mapping[str, str] | None = None) -> str:
-        """The weight's module name (``model.layers.0.mlp.up_proj``): its ``qdata`` buffer's FQN without
-        ``.qdata`` when ``buffers`` (an ExportedProgram's ``graph_signature.inputs_to_buffers``) has it, else the
-        graph's name for it."""
+    def weight_name(self, program: Any = None) -> str:
+        """The weight's module name (``model.layers.0.mlp.up_proj``): the FQN of its ``qdata`` placeholder without
+        ``.qdata``, read from ``program`` (the ExportedProgram the call is in, or its ``graph_signature``; a
+        quantized layer's stored tensors are parameters, a backend may add buffers); else the graph's name."""
         name = getattr(self.qdata, "name", "?")
-        fqn = (buffers or {}).get(name)
+        fqn = stored_names(program).get(name)
         return fqn.removesuffix(".qdata") if fqn else name
 
-    def describe(self, buffers: Mapping[str, str] | None = None) -> str:
-        """``'model.layers.0.mlp.up_proj' (int4:g32 [1536, 576], linear)``: how errors name the weight."""
-        return f"'{self.weight_name(buffers)}' ({self.format.name} {list(self.shape)}, {self.use.value})"
+    def describe(self, program: Any = None) -> str:
+        """``'model.layers.0.mlp.up_proj' (int4:g32 [1536, 576], linear)``: how errors name the weight
+        (``program`` as in :meth:`weight_name`)."""
+        return f"'{self.weight_name(program)}' ({self.format.name} {list(self.shape)}, {self.use.value})"
+
+
+def stored_names(program: Any) -> Mapping[str, str]:
+    """Placeholder name -> FQN of every parameter and buffer of ``program`` (an ExportedProgram or its graph
+    signature; None gives an empty mapping)."""
+    signature = getattr(program, "graph_signature", program)
+    if signature is None:
+        return {}
+    return {**signature.inputs_to_parameters, **signature.inputs_to_buffers}
 
 
 def _target_op(target: Any) -> Any:

@@ -128,8 +128,9 @@ def quantize(
     value): the temporaries are bounded, not the weight's size in float32 several times over, and the pages of a
     memory-mapped ``weight`` (a checkpoint's) are dropped from the process as each slice is read. ``empty(shape,
     dtype)`` makes each plane (default ``torch.empty``; :meth:`etsdk.WeightSpill.empty` makes it in a file, whose
-    written pages are dropped from the process as each slice is written)."""
-    from etsdk._format.mapped_pages import release_file_pages
+    written pages are dropped from the process as each slice is written). The C heap's free pages are given back
+    once the weight is done."""
+    from etsdk._format.mapped_pages import release_file_pages, trim_heap
 
     if fmt.layout is not WeightLayout.PLANES:
         raise ValueError(f"etsdk quantizes to planes formats; {fmt.name} blocks come from a GGUF file")
@@ -152,6 +153,7 @@ def quantize(
                 release_file_pages(written.data_ptr(), written.numel() * written.element_size())
         if part.device.type == "cpu" and part.is_contiguous():
             release_file_pages(part.data_ptr(), part.numel() * part.element_size())
+    trim_heap()  # the slices' temporaries were freed, but the kept planes would pin the heap at its largest
     return out
 
 

@@ -138,7 +138,7 @@ def keep_16bit_weights(model: torch.nn.Module) -> WideningReport:
         _set(model, name, replacement)
     kept = {id(module.weight) for module in model.modules() if isinstance(module, (WidenedLinear, WidenedEmbedding))}
     # a quantized layer's stored tensors are its format's bytes (float16 scales stay float16): never converted
-    kept |= {id(t) for module in model.modules() if isinstance(module, _Stored) for t in module.buffers(recurse=False)}
+    kept |= {id(t) for module in model.modules() if isinstance(module, _Stored) for t in module.parameters(recurse=False)}
     for module in model.modules():
         for name, tensor in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
             if tensor is None or id(tensor) in kept or not tensor.is_floating_point() or tensor.dtype == torch.float32:

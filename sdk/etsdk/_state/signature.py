@@ -261,12 +261,11 @@ class DelegateSignature:
 def _weight_records(edge_program: Any) -> tuple[WeightRecord, ...]:
     from etsdk._quant.ops import quantized_call
 
-    buffers = edge_program.graph_signature.inputs_to_buffers
     found = []
     for node in edge_program.graph.nodes:
         call = quantized_call(node)
         if call is not None:
-            found.append(WeightRecord(call.weight_name(buffers), call.format.name, call.shape, call.use.value))
+            found.append(WeightRecord(call.weight_name(edge_program), call.format.name, call.shape, call.use.value))
     return tuple(found)
 
 
