@@ -94,3 +94,27 @@ def test_quantizing_layer_after_layer_leaves_no_heap_behind(tmp_path: Path, monk
     untrimmed = growth()
     assert trimmed < 32 << 20, f"quantizing {layers} layers into a spill left {trimmed >> 20} MiB of anonymous memory"
     assert untrimmed > 4 * max(trimmed, 16 << 20), f"without the trim the heap grew by only {untrimmed >> 20} MiB"
+
+
+@pytest.mark.parametrize(("source", "target"), [(torch.bfloat16, torch.float32), (torch.float32, torch.float16)])
+def test_convert_makes_the_converted_weight_in_a_file_slice_by_slice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: torch.dtype, target: torch.dtype
+) -> None:
+    import etsdk._format.mapped_pages as pages
+
+    rows, columns = 300, 2048
+    path = tmp_path / "weight.bin"
+    torch.from_file(str(path), shared=True, size=rows * columns, dtype=source).normal_()
+    weight = torch.from_file(str(path), shared=False, size=rows * columns, dtype=source).view(rows, columns)
+    released: list[int] = []
+    real = pages.release_file_pages
+    monkeypatch.setattr(pages, "release_file_pages", lambda a, n: released.append(n) or real(a, n))
+    monkeypatch.setattr(pages, "CHUNK", 64 * columns * weight.element_size())  # 64 rows a slice: 5, the last one short
+    with etsdk.WeightSpill(tmp_path) as spill:
+        made = spill.convert(weight, target)
+        assert made.dtype == target and made.shape == weight.shape and torch.equal(made, weight.to(target))
+        where = file_range(made.data_ptr(), made.numel() * made.element_size())
+        assert where is not None and Path(where.path).parent == spill.path
+        assert len(released) == 2 * 5  # the written and the read pages of every slice were handed back
+        small = spill.convert(torch.ones(3, 4, dtype=source), target)  # under 1 MiB: in memory
+        assert small.dtype == target and torch.equal(small, torch.ones(3, 4, dtype=target))

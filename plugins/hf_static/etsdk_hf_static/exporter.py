@@ -88,8 +88,8 @@ def _load_model(
 ) -> tuple[Any, Path | None, Any]:
     """The model, its directory (None for a model object or a GGUF file) and, for a GGUF file, its tokenizer.
 
-    ``weights_dtype``: the dtype a model directory is loaded in (``"auto"``: its checkpoint's; a checkpoint
-    loaded in its own dtype stays memory-mapped from its safetensors files, nothing copied)."""
+    A model directory is loaded in its checkpoint's own dtype, memory-mapped from its safetensors files (nothing
+    copied); ``weights_dtype`` is applied afterwards, weight by weight (:func:`_cast_weights`)."""
     if not isinstance(model, (str, Path)):
         return model, None, None
     directory = Path(model)
@@ -107,8 +107,9 @@ def _load_model(
     import torch
     from transformers import AutoModelForCausalLM
 
-    dtype = checkpoint_dtype(directory) if weights_dtype == "auto" else weights_dtype
-    _say(f"loading {directory} ({dtype} weights)", quiet)
+    dtype = checkpoint_dtype(directory)
+    wanted_dtype = dtype if weights_dtype == "auto" else weights_dtype
+    _say(f"loading {directory} ({dtype} weights{'' if wanted_dtype == dtype else f', converted to {wanted_dtype}'})", quiet)
     try:
         loaded = AutoModelForCausalLM.from_pretrained(directory, dtype=getattr(torch, dtype))
     except Exception as exc:  # noqa: BLE001 - e.g. SafetensorError from a damaged weights file: one clear error
@@ -266,7 +267,8 @@ def export(
     every decode step and written into every saved session); ``"float32"`` (default).
     ``weights_dtype``: the dtype of the program's linear and embedding weights. ``"auto"`` (default) keeps a
     checkpoint's bfloat16 / float16 (half the bytes of float32, read memory-mapped from its files) and a
-    model object's own; ``"float32"`` upcasts them; ``"bfloat16"`` / ``"float16"`` converts to that. Whatever
+    model object's own; ``"float32"`` upcasts them; ``"bfloat16"`` / ``"float16"`` converts to that (a
+    checkpoint's weights are converted one at a time into temporary files, never all in memory). Whatever
     the weights, the program computes in float32 (:func:`etsdk.keep_16bit_weights`): its caches and logits
     are the contract's float32.
     Returns the paths written.
@@ -289,8 +291,9 @@ def export(
         raise ExportError(f"weights_dtype must be one of {', '.join(WEIGHTS_DTYPES)}, found {weights_dtype!r}")
     loaded, directory, gguf_tokenizer = _load_model(model, quiet, allow_requantize, weights_dtype)
     with contextlib.ExitStack() as owned:
-        # a model the export loaded keeps its quantized weights in files, mapped, not in memory
-        spill = owned.enter_context(etsdk.WeightSpill()) if quantization is not None and directory is not None else None
+        # a model the export loaded keeps its converted (quantized, cast) weights in files, mapped, not in memory
+        converts = quantization is not None or weights_dtype != "auto"
+        spill = owned.enter_context(etsdk.WeightSpill()) if converts and directory is not None else None
         written = _export_loaded(
             loaded, directory, gguf_tokenizer, output, chosen, attention, kv_cache, weights_dtype, quantization, spill,
             prefill_length, context_length, partitioner_options, external_data, quiet,
@@ -320,8 +323,8 @@ def _export_loaded(
     """:func:`export` once the model is loaded: quantize, trace, lower and write; the paths written."""
     import torch
 
-    if directory is None and weights_dtype != "auto":
-        _cast_weights(loaded, getattr(torch, weights_dtype))
+    if weights_dtype != "auto":
+        _cast_weights(loaded, getattr(torch, weights_dtype), spill)
     filled = wanted(attention, list(chosen.values()), loaded)
     if quantization is not None:
         _quantize(loaded, quantization, quiet, spill)
@@ -355,9 +358,10 @@ def _export_loaded(
     return written
 
 
-def _cast_weights(model: Any, dtype: Any) -> None:
+def _cast_weights(model: Any, dtype: Any, spill: Any = None) -> None:
     """Cast ``model``'s linear and embedding weights to ``dtype`` in place (a tied weight stays one tensor); other
-    tensors are left to :func:`etsdk.keep_16bit_weights`, and quantized layers' stored tensors are not touched."""
+    tensors are left to :func:`etsdk.keep_16bit_weights`, and quantized layers' stored tensors are not touched.
+    ``spill`` (an :class:`etsdk.WeightSpill`) makes each cast weight in a file instead of memory."""
     import torch
 
     cast: dict[int, torch.nn.Parameter] = {}
@@ -368,7 +372,8 @@ def _cast_weights(model: Any, dtype: Any) -> None:
         if not weight.is_floating_point() or weight.dtype == dtype:
             continue
         if id(weight) not in cast:
-            cast[id(weight)] = torch.nn.Parameter(weight.detach().to(dtype), requires_grad=False)
+            converted = spill.convert(weight, dtype) if spill is not None else weight.detach().to(dtype)
+            cast[id(weight)] = torch.nn.Parameter(converted, requires_grad=False)
         module.weight = cast[id(weight)]
 
 

@@ -5,8 +5,10 @@ A bfloat16 checkpoint of 779 MiB (408M parameters, written by another process: t
 is exported through the reference backend by ``etsdk export --model DIR`` moved into a cgroup whose memory limit is
 600 MiB. The export loads the checkpoint in its own dtype, memory-mapped (page cache, which the kernel reclaims at
 the limit), and streams every weight once into the program, so it fits; the program then generates what
-transformers generates from the upcast weights. The control: the same export with ``--weights-dtype float32``
-(a float32 copy of every weight, 1.6 GB) is killed by the same limit, so the limit does bite.
+transformers generates from the upcast weights. So does the same export with ``--weights-dtype float32``: each
+weight is upcast into a temporary file, one at a time (1.6 GB of float32 weights, never in memory). The control:
+exporting the model object transformers loads upcast (a float32 copy of every weight in memory) is killed by
+the same limit, so the limit does bite.
 
 Needs root and a writable memory cgroup (v1 ``memory.limit_in_bytes`` or v2 ``memory.max``); skipped otherwise.
 """
@@ -25,9 +27,11 @@ from etsdk.testing import MemoryCgroup, memory_cgroup
 CAP = 600 * 2**20
 
 
-@pytest.fixture(scope="module")
-def cgroup() -> Iterator[MemoryCgroup]:
-    made = memory_cgroup(f"etsdk-test-{os.getpid()}", CAP)
+@pytest.fixture
+def cgroup(request: pytest.FixtureRequest) -> Iterator[MemoryCgroup]:
+    """A fresh cgroup per test: page cache stays charged to the cgroup that first read or wrote it, and a program
+    an earlier test wrote there and this process still maps could not be reclaimed (152 MB seen)."""
+    made = memory_cgroup(f"etsdk-test-{os.getpid()}-{abs(hash(request.node.nodeid)) % 10**8}", CAP)
     if made is None:
         pytest.skip("needs root and a writable memory cgroup (v1 memory.limit_in_bytes or v2 memory.max)")
     yield made
@@ -54,20 +58,14 @@ def _capped_export(cgroup: MemoryCgroup, model: Path, output: Path, *extra: str)
     return subprocess.run(cgroup.command(command), capture_output=True, text=True, timeout=900)
 
 
-def test_a_checkpoint_larger_than_the_memory_limit_exports_and_generates(
-    cgroup: MemoryCgroup, checkpoint: Path, tmp_path: Path
-) -> None:
-    size = sum(p.stat().st_size for p in checkpoint.glob("*.safetensors"))
-    assert size > 1.25 * CAP, f"the checkpoint ({size} bytes) must be well above the limit ({CAP})"
-    result = _capped_export(cgroup, checkpoint, tmp_path / "model.pte")
-    assert result.returncode == 0, f"exit {result.returncode} under a {CAP}-byte limit\n{result.stderr[-3000:]}"
-    assert "bfloat16" in result.stderr
+PROMPT = [1, 17, 400, 9000, 31000]
 
-    from etsdk_hf_static.runner import HfStaticRunner
 
-    prompt = [1, 17, 400, 9000, 31000]
-    got = HfStaticRunner.from_file(tmp_path / "model.pte").generate(prompt, max_new_tokens=4, stop_at_eos=False).token_ids
-    # transformers on the upcast weights, in another process (1.6 GB that this one's later tests should not inherit)
+@pytest.fixture(scope="module")
+def reference_tokens(checkpoint: Path) -> list[int]:
+    """What transformers generates from the upcast weights, in another process (1.6 GB that this one's later tests
+    should not inherit)."""
+    prompt = PROMPT
     code = (
         "import sys, torch\n"
         "from transformers import AutoModelForCausalLM\n"
@@ -79,11 +77,38 @@ def test_a_checkpoint_larger_than_the_memory_limit_exports_and_generates(
     )
     reference = subprocess.run([sys.executable, "-c", code, str(checkpoint)], capture_output=True, text=True, timeout=600)
     assert reference.returncode == 0, reference.stderr[-2000:]
-    want = [int(t) for t in reference.stdout.strip().splitlines()[-1].split(",")]
-    assert list(got) == want
+    return [int(t) for t in reference.stdout.strip().splitlines()[-1].split(",")]
+
+
+@pytest.mark.parametrize("weights_dtype", ["auto", "float32"])
+def test_a_checkpoint_larger_than_the_memory_limit_exports_and_generates(
+    cgroup: MemoryCgroup, checkpoint: Path, reference_tokens: list[int], tmp_path: Path, weights_dtype: str
+) -> None:
+    size = sum(p.stat().st_size for p in checkpoint.glob("*.safetensors"))
+    assert size > 1.25 * CAP, f"the checkpoint ({size} bytes) must be well above the limit ({CAP})"
+    result = _capped_export(cgroup, checkpoint, tmp_path / "model.pte", "--weights-dtype", weights_dtype)
+    assert result.returncode == 0, f"exit {result.returncode} under a {CAP}-byte limit\n{result.stderr[-3000:]}"
+    assert "(bfloat16 weights" in result.stderr
+    if weights_dtype == "float32":  # every linear / embedding weight upcast: twice the checkpoint's bytes
+        assert "converted to float32" in result.stderr
+        assert (tmp_path / "model.pte").stat().st_size > 1.9 * size
+
+    from etsdk_hf_static.runner import HfStaticRunner
+
+    got = HfStaticRunner.from_file(tmp_path / "model.pte").generate(PROMPT, max_new_tokens=4, stop_at_eos=False).token_ids
+    assert list(got) == reference_tokens
 
 
 def test_the_limit_bites_an_export_that_copies_the_weights(cgroup: MemoryCgroup, checkpoint: Path, tmp_path: Path) -> None:
-    result = _capped_export(cgroup, checkpoint, tmp_path / "upcast.pte", "--weights-dtype", "float32")
-    assert result.returncode in (-9, 137), f"an upcast export fit under {CAP} bytes (exit {result.returncode})"
+    """The control: the model object transformers loads upcast (every weight copied to float32 in memory)."""
+    code = (
+        "import sys, torch\n"
+        "from transformers import AutoModelForCausalLM\n"
+        "from etsdk_hf_static import export\n"
+        "model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32).eval()\n"
+        "export(model, sys.argv[2], backend='reference', prefill_length=8, context_length=64)\n"
+    )
+    result = subprocess.run(cgroup.command([sys.executable, "-c", code, str(checkpoint), str(tmp_path / "upcast.pte")]),
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode in (-9, 137), f"an upcast export fit under {CAP} bytes (exit {result.returncode})\n{result.stderr[-2000:]}"
     assert not (tmp_path / "upcast.pte").exists()

@@ -1,7 +1,8 @@
 """Converted weights kept in files instead of memory while a program is exported.
 
 An export that converts weights (quantizes them) would otherwise hold the converted copy of the whole model in
-anonymous memory until the program is written. A :class:`WeightSpill` makes
+anonymous memory until the program is written (so would one that converts their dtype: a bfloat16 checkpoint
+exported with float32 weights). A :class:`WeightSpill` makes
 each converted tensor in its own file, memory-mapped: the export then reads
 it like a checkpoint's weight (its pages dropped from the process once read, its bytes copied from the file into
 the program, no second temporary copy), so what stays resident is one tensor at a time, not the model.
@@ -23,7 +24,7 @@ __all__ = ["WeightSpill"]
 
 
 class WeightSpill:
-    """Tensors made in files under a fresh temporary directory, memory-mapped (:meth:`empty`).
+    """Tensors made in files under a fresh temporary directory, memory-mapped (:meth:`empty`, :meth:`convert`).
 
     Use it around both the conversion and the writing of the program (a ``with`` block): the files are read when
     the program is written and removed when the block ends. Tensors under 1 MiB are made in memory (a file each
@@ -81,3 +82,24 @@ class WeightSpill:
             ) from exc
         self.bytes += size
         return made.view(shape)
+
+    def convert(self, tensor: Any, dtype: Any) -> Any:
+        """``tensor`` converted to ``dtype`` (``tensor.to(dtype)``'s values), made by :meth:`empty` and written a slice
+        of rows at a time: the pages of a memory-mapped ``tensor`` (a checkpoint's) and the written pages are
+        dropped from the process as each slice is done, so a model's weights convert with one slice resident."""
+        from etsdk._format.mapped_pages import CHUNK, release_file_pages, trim_heap
+
+        source = tensor.detach()
+        made = self.empty(tuple(source.shape), dtype)
+        if source.dim() == 0 or source.numel() == 0:
+            return made.copy_(source)
+        rows = int(source.shape[0])
+        step = max(1, CHUNK // max(1, source[0].numel() * source.element_size()))
+        for start in range(0, rows, step):
+            part, written = source[start : start + step], made[start : start + step]
+            written.copy_(part)
+            release_file_pages(written.data_ptr(), written.numel() * written.element_size())
+            if part.is_contiguous() and part.device.type == "cpu":
+                release_file_pages(part.data_ptr(), part.numel() * part.element_size())
+        trim_heap()
+        return made
