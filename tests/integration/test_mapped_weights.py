@@ -73,3 +73,49 @@ def test_a_checkpoint_deleted_before_the_save_is_still_copied(mapped: tuple[Proj
     lowered.save(tmp_path / "m.pte")
     (got,) = etsdk.load(tmp_path / "m.pte").run("forward", x)
     torch.testing.assert_close(got, x @ values.T, rtol=1e-4, atol=1e-3)
+
+
+def test_a_mapped_weight_is_read_once_by_lower_for_the_fingerprint_and_its_entry(
+    mapped: tuple[Projection, torch.Tensor, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The model fingerprint reads every weight; storing a mapped one reuses that read's SHA-256 and BLAKE3 instead
+    of reading it again (the program writer still checks the bytes as it copies them from the file)."""
+    import etsdk._format.mapped_pages as pages
+
+    model, values, _ = mapped
+    read: list[int] = []
+    real = pages.read_through
+    monkeypatch.setattr(pages, "read_through", lambda view, address, consume, *a: read.append(view.nbytes) or real(view, address, consume, *a))
+    x = torch.randn(3, 1024)
+    lowered = etsdk.lower(module=model, example_inputs=(x,), backend=BACKEND_ID)
+    assert read == [values.numel() * 4], f"the weight was read {len(read)} times while lowering: {read}"
+    lowered.save(tmp_path / "m.pte")
+    (got,) = etsdk.load(tmp_path / "m.pte").run("forward", x)
+    torch.testing.assert_close(got, x @ values.T, rtol=1e-4, atol=1e-3)
+    # the entry's key is the bytes' SHA-256 (etsdk verify checks it); etsdk.load above checked its BLAKE3
+    import hashlib
+
+    key = f"weights/{hashlib.sha256(values.numpy().tobytes()).hexdigest()}"
+    statuses = {e.key: e.status for e in etsdk.verify(tmp_path / "m.pte").entries}
+    assert statuses.get(key) == "ok", statuses
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_writing_a_program_says_how_much_it_has_written_unless_quiet(
+    mapped: tuple[Projection, torch.Tensor, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str], quiet: bool
+) -> None:
+    import re
+
+    import etsdk._export.output as output
+
+    model, _, _ = mapped
+    lowered = etsdk.lower(module=model, example_inputs=(torch.randn(3, 1024),), backend=BACKEND_ID, quiet=quiet)
+    monkeypatch.setattr(output, "WRITE_PROGRESS_S", 0.0)  # a line at every write
+    capsys.readouterr()
+    lowered.save(tmp_path / "m.pte")
+    lines = re.findall(r"etsdk: writing m\.pte: ([\d.]+ [KMG]?i?B) written, [\d.]+ [KMG]?i?B/s", capsys.readouterr().err)
+    if quiet:
+        assert lines == []
+    else:  # the weight (2 MiB) is among what was written, and the count only grows
+        assert len(lines) >= 2 and "MiB" in lines[-1], lines

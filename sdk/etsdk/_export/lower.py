@@ -15,7 +15,7 @@ the core's partitioner wrapper, preprocess) lives in :mod:`etsdk._export.core_pa
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,7 +96,7 @@ def lower(
     context = LoweringContext(quiet=quiet, external_data=external_data)
     plan = resolve_partitioners(methods, context)
     exported = trace(methods, context)
-    contract, model = check_traced(methods, exported, contract, plan)
+    contract, model = check_traced(methods, exported, contract, plan, context.stored_weights.digest)
     edge = lower_to_edge(exported, plan, context)
     records = check_delegation(methods, edge, context)
     return emit(edge, records, contract, model, context)
@@ -199,10 +199,15 @@ def trace(methods: Mapping[str, MethodSource], context: Any) -> dict[str, Any]:
 
 
 def check_traced(
-    methods: Mapping[str, MethodSource], exported: Mapping[str, Any], contract: Any, plan: PartitionPlan
+    methods: Mapping[str, MethodSource],
+    exported: Mapping[str, Any],
+    contract: Any,
+    plan: PartitionPlan,
+    digest: Callable[[Any], str] | None = None,
 ) -> tuple[Any, Any]:
     """Stage 4: declared state and engine I/O against the contract; returns the contract as recorded (state on
-    the backends' device) and the model's fingerprint (read before edge lowering: backend-independent)."""
+    the backends' device) and the model's fingerprint (read before edge lowering: backend-independent; ``digest``
+    hashes one weight, :meth:`~etsdk._export.partition.StoredWeights.digest` for a lowering)."""
     from etsdk._format.fingerprint import model_fingerprint
 
     for name, source in methods.items():
@@ -215,7 +220,7 @@ def check_traced(
             raise ExportError(f"contract '{contract.name}' needs method(s) {', '.join(missing)} that were not given")
     if contract is not None and contract.states:
         contract = _with_state_device(contract, plan.state_devices)
-    model = model_fingerprint(exported.values(), {fqn for s in methods.values() for fqn in s.state}, contract)
+    model = model_fingerprint(exported.values(), {fqn for s in methods.values() for fqn in s.state}, contract, digest)
     return contract, model
 
 

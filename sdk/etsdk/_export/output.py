@@ -28,6 +28,33 @@ def _progress(stage: str, quiet: bool, started: float) -> None:
         print(f"etsdk: {stage} ({time.perf_counter() - started:.1f}s)", file=sys.stderr, flush=True)
 
 
+#: Seconds between two progress lines while a program is written.
+WRITE_PROGRESS_S = 5.0
+
+
+class _WriteProgress:
+    """A file being written that says how much it holds, and how fast it grows, every :data:`WRITE_PROGRESS_S`
+    seconds (a multi-gigabyte program takes a while: its weights are copied, and hashed, as they are written)."""
+
+    def __init__(self, file: Any, name: str, started: float) -> None:
+        self._file, self._name, self._started = file, name, started
+        self._written = 0
+        self._since = time.perf_counter()
+
+    def write(self, data: Any) -> int:
+        count = int(self._file.write(data))
+        self._written += count
+        now = time.perf_counter()
+        if now - self._since >= WRITE_PROGRESS_S:
+            rate = self._written / max(now - self._started, 1e-9)
+            _progress(f"writing {self._name}: {format_bytes(self._written)} written, {format_bytes(int(rate))}/s", False, self._started)
+            self._since = now
+        return count
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._file, name)
+
+
 @dataclass
 class Lowered:
     """An ExecuTorch program ready to be written.
@@ -79,7 +106,7 @@ class Lowered:
         staging = _Staging(path.parent)
         try:
             with staging.file(path) as f:
-                self.manager.write_to_file(f)
+                self.manager.write_to_file(f if self.quiet else _WriteProgress(f, path.name, started))
             if self.data_files:
                 _progress(f"writing {', '.join(n + '.ptd' for n in self.data_files)}", self.quiet, started)
                 self.manager.write_tensor_data_to_file(str(staging.directory()))

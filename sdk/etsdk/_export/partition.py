@@ -65,7 +65,7 @@ class _Stored:
     alive: Callable[[], Any]  # the tensor (or storage) stored, None once its memory may have been freed
     version: int  # the tensor's in-place write counter when it was stored
     key: str
-    data: Any  # bytes, or executorch's FileBackedData over the spooled or mapped bytes
+    data: Any  # bytes, executorch's FileBackedData over the spooled or mapped bytes; or the SHA-256 read (bytes)
     fast: str | None
 
 
@@ -98,8 +98,42 @@ def spooled(tensor: Any) -> bool:
     return tensor.numel() * tensor.element_size() >= SPOOL_BYTES and mapped_range(tensor.detach()) is None
 
 
+def _valid(entries: dict[tuple[Any, ...], _Stored], memory: tuple[Any, ...], tensor: Any) -> _Stored | None:
+    """The entry for ``memory`` while it is still what was read: its tensor (or storage) alive at that address, and
+    ``tensor`` not written in place since (its version counter); a stale entry is dropped."""
+    found = entries.get(memory)
+    if found is None:
+        return None
+    held = found.alive()
+    if held is None or held.untyped_storage().data_ptr() != memory[1] or found.version != tensor._version:
+        del entries[memory]
+        return None
+    return found
+
+
+def hash_through(view: memoryview, address: int, sink: Callable[[memoryview], Any] | None = None) -> tuple[Any, Any]:
+    """SHA-256 and (when installed) BLAKE3 hashers fed ``view`` (the bytes at ``address``) in chunks, each chunk
+    also given to ``sink``; a mapped file's pages are dropped from the process as they are read."""
+    from etsdk._format.content_hash import fast_hasher
+    from etsdk._format.mapped_pages import read_through
+
+    digest = hashlib.sha256()
+    fast = fast_hasher(view.nbytes)
+
+    def consume(chunk: memoryview) -> None:
+        digest.update(chunk)
+        if fast is not None:
+            fast.update(chunk)
+        if sink is not None:
+            sink(chunk)
+
+    read_through(view, address, consume)
+    return digest, fast
+
+
 class StoredWeights:
-    """The weights one lowering has stored, by the memory they were read from.
+    """The weights one lowering has stored (and the memory-mapped ones it hashed for the model fingerprint), by the
+    memory they were read from.
 
     Prefill and decode (and every backend of a mixed program) store the same weights: a weight met again is
     added under its key without being read, hashed or spooled a second time. An entry is used only while its
@@ -112,16 +146,36 @@ class StoredWeights:
 
     def __init__(self) -> None:
         self._by_memory: dict[tuple[Any, ...], _Stored] = {}
+        self._read: dict[tuple[Any, ...], _Stored] = {}  # mapped weights read (hashed) before they were stored
+
+    def digest(self, tensor: Any) -> str:
+        """SHA-256 hex of ``tensor``'s row-major bytes, for the model fingerprint. A memory-mapped weight that
+        :meth:`NamedDataWriter.add_weight` would copy from its file is hashed with its BLAKE3 in the same read,
+        and both are remembered (as :meth:`find` remembers a stored weight), so storing it reads it no more."""
+        import torch
+
+        from etsdk._format.fingerprint import _tensor_digest
+
+        data = tensor.detach()
+        memory = memory_of(tensor)
+        if memory is None or data.numel() * data.element_size() < SPOOL_BYTES or mapped_range(data) is None:
+            return _tensor_digest(tensor)
+        known = self.read_before(memory, tensor)
+        if known is not None:
+            return known[0].hex()
+        view = memoryview(data.reshape(-1).view(torch.uint8).numpy())
+        sha, fast = hash_through(view, data.data_ptr())
+        kept = data  # holds the mapping alive: its memory stays this file's bytes
+        self._read[memory] = _Stored(lambda: kept, tensor._version, sha.hexdigest(), sha.digest(), fast and str(fast.hexdigest()))
+        return sha.hexdigest()
+
+    def read_before(self, memory: tuple[Any, ...], tensor: Any) -> tuple[bytes, str | None] | None:
+        """The SHA-256 (bytes) and BLAKE3 hex of a weight :meth:`digest` read at ``memory``, while still valid."""
+        found = _valid(self._read, memory, tensor)
+        return None if found is None else (found.data, found.fast)
 
     def find(self, memory: tuple[Any, ...], tensor: Any) -> _Stored | None:
-        found = self._by_memory.get(memory)
-        if found is None:
-            return None
-        held = found.alive()
-        if held is None or held.untyped_storage().data_ptr() != memory[1] or found.version != tensor._version:
-            del self._by_memory[memory]
-            return None
-        return found
+        return _valid(self._by_memory, memory, tensor)
 
     def remember(self, memory: tuple[Any, ...], tensor: Any, key: str, data: Any, fast: str | None, *, mapped: bool) -> None:
         if mapped:
@@ -226,8 +280,9 @@ class NamedDataWriter:
         hashed while they are stored. A weight of :data:`SPOOL_BYTES` or more is never held in memory until the
         program is written: one memory-mapped from a file (a checkpoint's) is copied from that file then (its bytes
         checked again as they are copied), any other goes through a temporary file; a smaller one is held as bytes.
-        A weight an earlier partition of the same export stored is added by its key without being read again, and
-        the pages of a memory-mapped weight (a checkpoint's) are handed back once stored (:mod:`etsdk._format.mapped_pages`).
+        A weight an earlier partition of the same export stored is added by its key without being read again (so
+        is a memory-mapped one the model fingerprint read), and the pages of a memory-mapped weight (a
+        checkpoint's) are handed back once read (:mod:`etsdk._format.mapped_pages`).
         ``NamedData.get_tensor(key, dtype, shape)`` reads it back zero-copy. A temporary file that cannot be
         written (a full disk) raises :class:`~etsdk.errors.ExportError`; nothing is written to the output.
         """
@@ -254,8 +309,9 @@ class NamedDataWriter:
             self._store.add_named_data(key, stored, alignment=alignment, external_tag=self.external)
         else:
             where = mapped_range(data)
+            known = self._stored.read_before(memory, tensor) if self._stored is not None and memory is not None else None
             key, stored = (
-                self._mapped_weight(view, where, data.data_ptr(), alignment)
+                self._mapped_weight(view, where, data.data_ptr(), alignment, known)
                 if where is not None
                 else self._spool_weight(view, data.data_ptr(), alignment)
             )
@@ -263,39 +319,25 @@ class NamedDataWriter:
             self._stored.remember(memory, tensor, key, stored, self.fast_digests.get(key), mapped=where is not None)
         return key
 
-    def _hashed(self, view: memoryview, address: int, sink: Callable[[memoryview], Any] | None = None) -> tuple[Any, Any]:
-        """SHA-256 and (when installed) BLAKE3 hashers fed ``view`` (the bytes at ``address``) in chunks, each chunk
-        also given to ``sink``; a mapped file's pages are dropped from the process as they are read."""
-        from etsdk._format.content_hash import fast_hasher
-        from etsdk._format.mapped_pages import read_through
-
-        digest = hashlib.sha256()
-        fast = fast_hasher(view.nbytes)
-
-        def consume(chunk: memoryview) -> None:
-            digest.update(chunk)
-            if fast is not None:
-                fast.update(chunk)
-            if sink is not None:
-                sink(chunk)
-
-        read_through(view, address, consume)
-        return digest, fast
-
-    def _add_large(self, digest: Any, fast: Any, data: Any, alignment: int) -> tuple[str, Any]:
-        key = f"weights/{digest.hexdigest()}"
+    def _add_large(self, sha256: bytes, fast: str | None, data: Any, alignment: int) -> tuple[str, Any]:
+        key = f"weights/{sha256.hex()}"
         if fast is not None:
-            self.fast_digests[key] = str(fast.hexdigest())
+            self.fast_digests[key] = fast
         self._store.add_named_data(key, data, alignment=alignment, external_tag=self.external)
         return key, data
 
-    def _mapped_weight(self, view: memoryview, where: Any, address: int, alignment: int) -> tuple[str, Any]:
-        """A weight memory-mapped from a file (:func:`mapped_range`): hashed from memory, copied from the file when
-        the program is written (:class:`~etsdk._export.file_range_data.FileRangeData`; no temporary copy)."""
+    def _mapped_weight(
+        self, view: memoryview, where: Any, address: int, alignment: int, known: tuple[bytes, str | None] | None
+    ) -> tuple[str, Any]:
+        """A weight memory-mapped from a file (:func:`mapped_range`): hashed from memory unless ``known`` (its digests,
+        read for the model fingerprint), copied from the file when the program is written
+        (:class:`~etsdk._export.file_range_data.FileRangeData`, which hashes the bytes again as it copies them)."""
         from etsdk._export.file_range_data import FileRangeData
 
-        digest, fast = self._hashed(view, address)
-        return self._add_large(digest, fast, FileRangeData(where, digest.digest()), alignment)
+        if known is None:
+            digest, fast = hash_through(view, address)
+            known = (digest.digest(), fast and str(fast.hexdigest()))
+        return self._add_large(known[0], known[1], FileRangeData(where, known[0]), alignment)
 
     def _spool_weight(self, view: memoryview, address: int, alignment: int) -> tuple[str, Any]:
         import tempfile
@@ -306,7 +348,7 @@ class NamedDataWriter:
         try:
             fd, name = tempfile.mkstemp(prefix="etsdk-weight-", suffix=".bin")
             with open(fd, "wb") as out:
-                digest, fast = self._hashed(view, address, out.write)
+                digest, fast = hash_through(view, address, out.write)
         except BaseException as exc:
             if name is not None:
                 Path(name).unlink(missing_ok=True)
@@ -316,7 +358,8 @@ class NamedDataWriter:
                     f"{exc.strerror or exc}; nothing was written to the output (TMPDIR chooses the folder)"
                 ) from exc
             raise
-        return self._add_large(digest, fast, FileBackedData(name, cleanup=True, sha256=digest.digest()), alignment)
+        fast_hex = str(fast.hexdigest()) if fast is not None else None
+        return self._add_large(digest.digest(), fast_hex, FileBackedData(name, cleanup=True, sha256=digest.digest()), alignment)
 
     def output(self) -> Any:
         """ExecuTorch's ``NamedDataStoreOutput`` (the core hands it over; backends never need it)."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,10 +89,14 @@ def _tensor_digest(tensor: Any) -> str:
     return h.hexdigest()
 
 
-def weights_fingerprint(programs: Iterable[Any], exclude: Collection[str] = ()) -> str:
+def weights_fingerprint(
+    programs: Iterable[Any], exclude: Collection[str] = (), digest: Callable[[Any], str] | None = None
+) -> str:
     """Fingerprint of the parameters, buffers and constants of ``programs`` (``torch.export`` ExportedPrograms).
 
-    ``exclude``: names (FQNs) of buffers that are declared state, not weights.
+    ``exclude``: names (FQNs) of buffers that are declared state, not weights. ``digest``: the SHA-256 hex of one
+    tensor's row-major bytes (default :func:`_tensor_digest`; a lowering passes one that remembers what it read,
+    so that storing the weight later does not read it again).
     """
     import torch
 
@@ -116,10 +120,9 @@ def weights_fingerprint(programs: Iterable[Any], exclude: Collection[str] = ()) 
                 tuple(value.stride()),
                 value.dtype,
             )
-            digest = digests.get(key)
-            if digest is None:
-                digest = digests[key] = _tensor_digest(value)
-            entries.add(f"{name}\t{dtype_name(value.dtype)}\t{list(value.shape)}\t{digest}")
+            if key not in digests:
+                digests[key] = (digest or _tensor_digest)(value)
+            entries.add(f"{name}\t{dtype_name(value.dtype)}\t{list(value.shape)}\t{digests[key]}")
     h = hashlib.sha256(b"etsdk.weights.v1\n")
     for entry in sorted(entries):
         h.update(entry.encode())
@@ -147,8 +150,11 @@ def states_fingerprint(states: Iterable[Any]) -> str:
     return hashlib.sha256(b"etsdk.states.v1\n" + text.encode()).hexdigest()
 
 
-def model_fingerprint(programs: Iterable[Any], state_fqns: Collection[str], contract: Any) -> ModelFingerprint:
-    """The fingerprint ``lower()`` records: weights of ``programs`` (state excluded) and ``contract``'s states."""
+def model_fingerprint(
+    programs: Iterable[Any], state_fqns: Collection[str], contract: Any, digest: Callable[[Any], str] | None = None
+) -> ModelFingerprint:
+    """The fingerprint ``lower()`` records: weights of ``programs`` (state excluded) and ``contract``'s states
+    (``digest`` as in :func:`weights_fingerprint`)."""
     return ModelFingerprint(
-        weights_fingerprint(programs, state_fqns), states_fingerprint(contract.states if contract is not None else ())
+        weights_fingerprint(programs, state_fqns, digest), states_fingerprint(contract.states if contract is not None else ())
     )
