@@ -60,39 +60,48 @@ def test_a_spill_never_closed_removes_its_files_when_dropped(tmp_path: Path) -> 
     assert not folder.exists() and float(made.sum()) == SPOOL_BYTES
 
 
-def _anonymous_bytes() -> int:
-    import re
+_QUANTIZE_LAYERS = """
+import re, sys
+from pathlib import Path
+import torch, etsdk
+import etsdk._format.mapped_pages as pages
+from etsdk._quant import planes
+from etsdk.backend import WeightFormat
 
-    return int(re.search(r"RssAnon:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) << 10  # type: ignore[union-attr]
+def anonymous():
+    return int(re.search(r"RssAnon:\\s+(\\d+)", Path("/proc/self/status").read_text()).group(1)) << 10
+
+if sys.argv[2] == "untrimmed":
+    pages.trim_heap = lambda: None
+layers, rows, columns = 16, 1024, 4096
+path = Path(sys.argv[1]) / "weights.bin"  # a checkpoint's layers, memory-mapped
+torch.from_file(str(path), shared=True, size=layers * rows * columns, dtype=torch.bfloat16).normal_()
+weights = torch.from_file(str(path), shared=False, size=layers * rows * columns, dtype=torch.bfloat16).view(layers, rows, columns)
+kept = []
+with etsdk.WeightSpill(sys.argv[1]) as spill:
+    before = anonymous()
+    for layer in weights:
+        kept.append(planes.quantize(layer, WeightFormat.parse("int8"), spill.empty))
+    print(anonymous() - before)
+"""
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads RssAnon from /proc")
-def test_quantizing_layer_after_layer_leaves_no_heap_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_quantizing_layer_after_layer_leaves_no_heap_behind(tmp_path: Path) -> None:
     """Each weight's float32 temporaries are freed, but the small planes kept between them pinned glibc's heap at its
-    largest: quantizing a 1.2B-parameter model left 1.3 GB of free heap resident. The control (no trim) shows the
-    effect is still there to guard against; if it fails, the heap no longer fragments and the trim may go."""
-    import etsdk._format.mapped_pages as pages
-    from etsdk._quant import planes
-    from etsdk.backend import WeightFormat
+    largest: quantizing a 1.2B-parameter model left 1.3 GB of free heap resident. Each run is a fresh process (the
+    heap's state depends on what the process did before). The control (no trim) shows the effect is still there to
+    guard against; if it fails, the heap no longer fragments this way and the trim may go."""
+    import subprocess
+    import sys
 
-    layers, rows, columns = 16, 1024, 4096
-    path = tmp_path / "weights.bin"  # a checkpoint's layers, memory-mapped
-    torch.from_file(str(path), shared=True, size=layers * rows * columns, dtype=torch.bfloat16).normal_()
-    weights = torch.from_file(str(path), shared=False, size=layers * rows * columns, dtype=torch.bfloat16).view(layers, rows, columns)
-    fmt = WeightFormat.parse("int8")
+    def growth(mode: str) -> int:
+        done = subprocess.run([sys.executable, "-c", _QUANTIZE_LAYERS, str(tmp_path), mode], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return int(done.stdout.strip().splitlines()[-1])
 
-    def growth() -> int:
-        kept = []
-        with etsdk.WeightSpill(tmp_path) as spill:
-            before = _anonymous_bytes()
-            for layer in weights:
-                kept.append(planes.quantize(layer, fmt, spill.empty))
-            return _anonymous_bytes() - before
-
-    trimmed = growth()
-    monkeypatch.setattr(pages, "trim_heap", lambda: None)
-    untrimmed = growth()
-    assert trimmed < 32 << 20, f"quantizing {layers} layers into a spill left {trimmed >> 20} MiB of anonymous memory"
+    trimmed, untrimmed = growth("trimmed"), growth("untrimmed")
+    assert trimmed < 32 << 20, f"quantizing 16 layers into a spill left {trimmed >> 20} MiB of anonymous memory"
     assert untrimmed > 4 * max(trimmed, 16 << 20), f"without the trim the heap grew by only {untrimmed >> 20} MiB"
 
 

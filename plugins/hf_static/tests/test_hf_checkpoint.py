@@ -3,8 +3,8 @@
 transformers (5.x) maps a safetensors file whose tensors already have the dtype asked for: the parameters are
 views of the file's pages (page cache, reclaimable), not anonymous memory. The exporter's load path relies on it;
 this test guards the fact (a change that upcasts, copies or re-initialises weights at load would double the
-export's memory). The exporter loads a checkpoint in its own dtype, so a bfloat16 one is mapped too; only
-``weights_dtype="float32"`` (an explicit upcast) copies it.
+export's memory). The exporter loads a checkpoint in its own dtype, so a bfloat16 one is mapped too, also for
+``weights_dtype="float32"``, whose upcast weights are made one at a time in an ``etsdk.WeightSpill``'s files.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from etsdk_hf_static.exporter import _load_model
+import etsdk
+from etsdk_hf_static.exporter import _cast_weights, _load_model
 from etsdk_hf_static.tiny import save_tiny_model
 
 
@@ -59,9 +60,20 @@ def test_the_export_load_maps_a_checkpoint_in_its_own_dtype_and_copies_only_an_u
     assert total == total and _anonymous_bytes() - before < 0.1 * size
     del kept
     before = _anonymous_bytes()
-    upcast, _, _ = _load_model(half, quiet=True, weights_dtype="float32")
-    assert all(p.dtype == torch.float32 for p in upcast.parameters())
-    assert _anonymous_bytes() - before > 0.8 * size  # what the first checks would see if the load copied
+    loaded, _, _ = _load_model(half, quiet=True, weights_dtype="float32")  # loaded as stored; upcast weight by weight
+    assert all(p.dtype == torch.bfloat16 for p in loaded.parameters()) and _anonymous_bytes() - before < 0.1 * size
+    with etsdk.WeightSpill(tmp_path) as spill:
+        _cast_weights(loaded, torch.float32, spill)
+        layer = loaded.model.layers[0].mlp.up_proj.weight
+        assert layer.dtype == torch.float32 and spill.bytes > 0.9 * size  # every weight upcast into a file
+        assert _anonymous_bytes() - before < 0.1 * size  # the float32 weights are in the spill's files
+    del loaded, layer
+    before = _anonymous_bytes()
+    from transformers import AutoModelForCausalLM
+
+    upcast = AutoModelForCausalLM.from_pretrained(half, dtype=torch.float32)
+    assert _anonymous_bytes() - before > 0.8 * size  # what the checks above would see if the load copied
+    del upcast
 
 
 _EXPORT_IN_A_CHILD = """
