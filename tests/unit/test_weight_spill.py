@@ -127,3 +127,28 @@ def test_convert_makes_the_converted_weight_in_a_file_slice_by_slice(
         assert len(released) == 2 * 5  # the written and the read pages of every slice were handed back
         small = spill.convert(torch.ones(3, 4, dtype=source), target)  # under 1 MiB: in memory
         assert small.dtype == target and torch.equal(small, torch.ones(3, 4, dtype=target))
+
+
+def test_a_spill_left_by_a_killed_process_is_removed_by_the_next(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import os, signal, sys, torch, etsdk\n"
+        "spill = etsdk.WeightSpill(sys.argv[1])\n"
+        "spill.empty((1 << 20,), torch.float32).fill_(1)\n"
+        "print(spill.path, flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)  # as the out-of-memory killer would: no clean-up runs\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == -9, done.stderr[-2000:]
+    left = Path(done.stdout.strip())
+    assert left.is_dir() and any(left.iterdir())  # 4 MiB left behind
+    running = tmp_path / f"etsdk-spill-{os.getppid()}-x"  # the folder of a process that still runs
+    running.mkdir()
+    unnamed = tmp_path / "etsdk-spill-notapid"
+    unnamed.mkdir()
+    with etsdk.WeightSpill(tmp_path) as spill:
+        assert not left.exists() and running.is_dir() and unnamed.is_dir() and spill.path.is_dir()
+    assert not spill.path.exists()

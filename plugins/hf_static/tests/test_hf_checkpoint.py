@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import etsdk
 import pytest
 import torch
-import etsdk
 from etsdk_hf_static.exporter import _cast_weights, _load_model
 from etsdk_hf_static.tiny import save_tiny_model
 

@@ -23,19 +23,45 @@ from etsdk.errors import ExportError
 __all__ = ["WeightSpill"]
 
 
+_PREFIX = "etsdk-spill-"
+
+
+def _remove_orphans(parent: Path) -> None:
+    """Remove the spill folders in ``parent`` whose process is gone: one killed (out of memory, ``kill -9``) could
+    not remove its own, and a spill holds converted weights, gigabytes of them. A folder is named after its
+    process id; one whose process still runs, or that this process may not remove, is left alone."""
+    try:
+        found = list(parent.glob(f"{_PREFIX}*-*"))
+    except OSError:
+        return
+    for folder in found:
+        pid = folder.name.removeprefix(_PREFIX).partition("-")[0]
+        if not pid.isdigit() or int(pid) == os.getpid() or not folder.is_dir():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # its process runs
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except (PermissionError, OSError):
+            continue  # another user's process, or no way to tell
+
+
 class WeightSpill:
     """Tensors made in files under a fresh temporary directory, memory-mapped (:meth:`empty`, :meth:`convert`).
 
     Use it around both the conversion and the writing of the program (a ``with`` block): the files are read when
     the program is written and removed when the block ends. Tensors under 1 MiB are made in memory (a file each
     would cost more than it saves). ``directory``: where the temporary directory is made (default:
-    ``tempfile.gettempdir()``, which ``TMPDIR`` chooses). A file that cannot be written (a full disk) raises
+    ``tempfile.gettempdir()``, which ``TMPDIR`` chooses); spill folders left there by a process that was killed
+    are removed first. A file that cannot be written (a full disk) raises
     :class:`~etsdk.errors.ExportError` naming the folder.
     """
 
     def __init__(self, directory: str | Path | None = None) -> None:
+        _remove_orphans(Path(directory if directory is not None else tempfile.gettempdir()))
         try:
-            self.path = Path(tempfile.mkdtemp(prefix="etsdk-spill-", dir=directory))
+            self.path = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=directory))
         except OSError as exc:
             where = directory if directory is not None else tempfile.gettempdir()
             raise ExportError(f"cannot make a folder for converted weights under {where}: {exc.strerror or exc} (TMPDIR chooses the folder)") from exc
