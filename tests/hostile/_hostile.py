@@ -129,12 +129,14 @@ def run_cases(cases: Iterable[dict[str, Any]], *, cache: Path | None = None) -> 
     results: dict[int, dict[str, Any]] = {}
     own_cache = cache is None
     cache = cache or Path(tempfile.mkdtemp(prefix="etsdk-hostile-cache-"))
-    env = worker_env(cache)
+    scratch = Path(tempfile.mkdtemp(prefix="etsdk-hostile-scratch-"))  # the workers' TMPDIR: a crashed one leaves its files here
+    env = dict(worker_env(cache), TMPDIR=str(scratch))
     try:
         while pending:
             _run_worker(pending, results, env)
             pending = [c for c in pending if c["id"] not in results]
     finally:
+        shutil.rmtree(scratch, ignore_errors=True)
         if own_cache:
             shutil.rmtree(cache, ignore_errors=True)
     return results
