@@ -12,7 +12,9 @@ whose keys are content-addressed and verifiable.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import os
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -96,6 +98,18 @@ def spooled(tensor: Any) -> bool:
     """Whether :meth:`NamedDataWriter.add_weight` keeps ``tensor`` in a temporary file until the program is
     written: a weight of :data:`SPOOL_BYTES` or more that is not :func:`mapped_range`."""
     return tensor.numel() * tensor.element_size() >= SPOOL_BYTES and mapped_range(tensor.detach()) is None
+
+
+#: How a spooled weight's temporary file is named: ``etsdk-weight-<pid>-<random>.bin``.
+SPOOL_PREFIX = "etsdk-weight-"
+
+
+@functools.cache
+def _sweep_spool_folder(folder: str) -> None:
+    """Once per process and folder: remove spooled weights that killed exports left there."""
+    from etsdk._export.spill import remove_orphans
+
+    remove_orphans(Path(folder), SPOOL_PREFIX)
 
 
 def _valid(entries: dict[tuple[Any, ...], _Stored], memory: tuple[Any, ...], tensor: Any) -> _Stored | None:
@@ -346,7 +360,8 @@ class NamedDataWriter:
 
         name = None
         try:
-            fd, name = tempfile.mkstemp(prefix="etsdk-weight-", suffix=".bin")
+            _sweep_spool_folder(tempfile.gettempdir())
+            fd, name = tempfile.mkstemp(prefix=f"{SPOOL_PREFIX}{os.getpid()}-", suffix=".bin")
             with open(fd, "wb") as out:
                 digest, fast = hash_through(view, address, out.write)
         except BaseException as exc:

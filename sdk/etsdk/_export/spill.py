@@ -26,25 +26,34 @@ __all__ = ["WeightSpill"]
 _PREFIX = "etsdk-spill-"
 
 
-def _remove_orphans(parent: Path) -> None:
-    """Remove the spill folders in ``parent`` whose process is gone: one killed (out of memory, ``kill -9``) could
-    not remove its own, and a spill holds converted weights, gigabytes of them. A folder is named after its
-    process id; one whose process still runs, or that this process may not remove, is left alone."""
+def remove_orphans(parent: Path, prefix: str) -> None:
+    """Remove the files and folders ``<prefix><pid>-...`` in ``parent`` whose process is gone: one killed (out of
+    memory, ``kill -9``) could not remove its own temporary weights, gigabytes of them. One whose process still
+    runs, or whose process this one cannot tell about, is left alone."""
     try:
-        found = list(parent.glob(f"{_PREFIX}*-*"))
+        found = list(parent.glob(f"{prefix}*-*"))
     except OSError:
         return
-    for folder in found:
-        pid = folder.name.removeprefix(_PREFIX).partition("-")[0]
-        if not pid.isdigit() or int(pid) == os.getpid() or not folder.is_dir():
+    for path in found:
+        pid = path.name.removeprefix(prefix).partition("-")[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        if not 0 < int(pid) < 2**31:
             continue
         try:
             os.kill(int(pid), 0)
             continue  # its process runs
         except ProcessLookupError:
-            shutil.rmtree(folder, ignore_errors=True)
-        except (PermissionError, OSError):
+            pass  # gone
+        except OSError:
             continue  # another user's process, or no way to tell
+        try:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
+        except OSError:
+            pass  # not ours to remove: left as it is
 
 
 class WeightSpill:
@@ -59,7 +68,7 @@ class WeightSpill:
     """
 
     def __init__(self, directory: str | Path | None = None) -> None:
-        _remove_orphans(Path(directory if directory is not None else tempfile.gettempdir()))
+        remove_orphans(Path(directory if directory is not None else tempfile.gettempdir()), _PREFIX)
         try:
             self.path = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=directory))
         except OSError as exc:
