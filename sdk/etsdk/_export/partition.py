@@ -67,7 +67,7 @@ class _Stored:
     alive: Callable[[], Any]  # the tensor (or storage) stored, None once its memory may have been freed
     version: int  # the tensor's in-place write counter when it was stored
     key: str
-    data: Any  # bytes, executorch's FileBackedData over the spooled or mapped bytes; or the SHA-256 read (bytes)
+    data: Any  # bytes, or executorch's FileBackedData over the spooled or mapped bytes
     fast: str | None
 
 
@@ -100,6 +100,9 @@ def spooled(tensor: Any) -> bool:
     return tensor.numel() * tensor.element_size() >= SPOOL_BYTES and mapped_range(tensor.detach()) is None
 
 
+#: The key prefix of :meth:`NamedDataWriter.add_weight`'s entries (``weights/<sha256 hex>``), whoever stores them.
+WEIGHTS_NAMESPACE = "weights/"
+
 #: How a spooled weight's temporary file is named: ``etsdk-weight-<pid>-<random>.bin``.
 SPOOL_PREFIX = "etsdk-weight-"
 
@@ -110,19 +113,6 @@ def _sweep_spool_folder(folder: str) -> None:
     from etsdk._export.spill import remove_orphans
 
     remove_orphans(Path(folder), SPOOL_PREFIX)
-
-
-def _valid(entries: dict[tuple[Any, ...], _Stored], memory: tuple[Any, ...], tensor: Any) -> _Stored | None:
-    """The entry for ``memory`` while it is still what was read: its tensor (or storage) alive at that address, and
-    ``tensor`` not written in place since (its version counter); a stale entry is dropped."""
-    found = entries.get(memory)
-    if found is None:
-        return None
-    held = found.alive()
-    if held is None or held.untyped_storage().data_ptr() != memory[1] or found.version != tensor._version:
-        del entries[memory]
-        return None
-    return found
 
 
 def hash_through(view: memoryview, address: int, sink: Callable[[memoryview], Any] | None = None) -> tuple[Any, Any]:
@@ -160,36 +150,38 @@ class StoredWeights:
 
     def __init__(self) -> None:
         self._by_memory: dict[tuple[Any, ...], _Stored] = {}
-        self._read: dict[tuple[Any, ...], _Stored] = {}  # mapped weights read (hashed) before they were stored
 
     def digest(self, tensor: Any) -> str:
         """SHA-256 hex of ``tensor``'s row-major bytes, for the model fingerprint. A memory-mapped weight that
-        :meth:`NamedDataWriter.add_weight` would copy from its file is hashed with its BLAKE3 in the same read,
-        and both are remembered (as :meth:`find` remembers a stored weight), so storing it reads it no more."""
+        :meth:`NamedDataWriter.add_weight` would copy from its file is hashed with its BLAKE3 in the same read and
+        remembered as that entry (what :meth:`find` gives ``add_weight``), so storing it reads it no more."""
         import torch
 
+        from etsdk._export.file_range_data import FileRangeData
         from etsdk._format.fingerprint import _tensor_digest
 
         data = tensor.detach()
         memory = memory_of(tensor)
-        if memory is None or data.numel() * data.element_size() < SPOOL_BYTES or mapped_range(data) is None:
+        where = mapped_range(data) if memory is not None and data.numel() * data.element_size() >= SPOOL_BYTES else None
+        if memory is None or where is None:
             return _tensor_digest(tensor)
-        known = self.read_before(memory, tensor)
-        if known is not None:
-            return known[0].hex()
-        view = memoryview(data.reshape(-1).view(torch.uint8).numpy())
-        sha, fast = hash_through(view, data.data_ptr())
-        kept = data  # holds the mapping alive: its memory stays this file's bytes
-        self._read[memory] = _Stored(lambda: kept, tensor._version, sha.hexdigest(), sha.digest(), fast and str(fast.hexdigest()))
+        found = self.find(memory, tensor)
+        if found is not None:
+            return found.key.removeprefix(WEIGHTS_NAMESPACE)
+        sha, fast = hash_through(memoryview(data.reshape(-1).view(torch.uint8).numpy()), data.data_ptr())
+        entry = FileRangeData(where, sha.digest())
+        self.remember(memory, tensor, WEIGHTS_NAMESPACE + sha.hexdigest(), entry, fast and str(fast.hexdigest()), mapped=True)
         return sha.hexdigest()
 
-    def read_before(self, memory: tuple[Any, ...], tensor: Any) -> tuple[bytes, str | None] | None:
-        """The SHA-256 (bytes) and BLAKE3 hex of a weight :meth:`digest` read at ``memory``, while still valid."""
-        found = _valid(self._read, memory, tensor)
-        return None if found is None else (found.data, found.fast)
-
     def find(self, memory: tuple[Any, ...], tensor: Any) -> _Stored | None:
-        return _valid(self._by_memory, memory, tensor)
+        found = self._by_memory.get(memory)
+        if found is None:
+            return None
+        held = found.alive()
+        if held is None or held.untyped_storage().data_ptr() != memory[1] or found.version != tensor._version:
+            del self._by_memory[memory]
+            return None
+        return found
 
     def remember(self, memory: tuple[Any, ...], tensor: Any, key: str, data: Any, fast: str | None, *, mapped: bool) -> None:
         if mapped:
@@ -318,14 +310,13 @@ class NamedDataWriter:
         where = None
         if size < SPOOL_BYTES:
             stored: Any = bytes(view)
-            key = f"weights/{hashlib.sha256(stored).hexdigest()}"
+            key = WEIGHTS_NAMESPACE + hashlib.sha256(stored).hexdigest()
             self._fast(key, stored)
             self._store.add_named_data(key, stored, alignment=alignment, external_tag=self.external)
         else:
             where = mapped_range(data)
-            known = self._stored.read_before(memory, tensor) if self._stored is not None and memory is not None else None
             key, stored = (
-                self._mapped_weight(view, where, data.data_ptr(), alignment, known)
+                self._mapped_weight(view, where, data.data_ptr(), alignment)
                 if where is not None
                 else self._spool_weight(view, data.data_ptr(), alignment)
             )
@@ -334,24 +325,20 @@ class NamedDataWriter:
         return key
 
     def _add_large(self, sha256: bytes, fast: str | None, data: Any, alignment: int) -> tuple[str, Any]:
-        key = f"weights/{sha256.hex()}"
+        key = WEIGHTS_NAMESPACE + sha256.hex()
         if fast is not None:
             self.fast_digests[key] = fast
         self._store.add_named_data(key, data, alignment=alignment, external_tag=self.external)
         return key, data
 
-    def _mapped_weight(
-        self, view: memoryview, where: Any, address: int, alignment: int, known: tuple[bytes, str | None] | None
-    ) -> tuple[str, Any]:
-        """A weight memory-mapped from a file (:func:`mapped_range`): hashed from memory unless ``known`` (its digests,
-        read for the model fingerprint), copied from the file when the program is written
-        (:class:`~etsdk._export.file_range_data.FileRangeData`, which hashes the bytes again as it copies them)."""
+    def _mapped_weight(self, view: memoryview, where: Any, address: int, alignment: int) -> tuple[str, Any]:
+        """A weight memory-mapped from a file (:func:`mapped_range`): hashed from memory, copied from the file when
+        the program is written (:class:`~etsdk._export.file_range_data.FileRangeData`, which hashes the bytes again
+        as it copies them)."""
         from etsdk._export.file_range_data import FileRangeData
 
-        if known is None:
-            digest, fast = hash_through(view, address)
-            known = (digest.digest(), fast and str(fast.hexdigest()))
-        return self._add_large(known[0], known[1], FileRangeData(where, known[0]), alignment)
+        digest, fast = hash_through(view, address)
+        return self._add_large(digest.digest(), fast and str(fast.hexdigest()), FileRangeData(where, digest.digest()), alignment)
 
     def _spool_weight(self, view: memoryview, address: int, alignment: int) -> tuple[str, Any]:
         import tempfile
