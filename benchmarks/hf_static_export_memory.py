@@ -16,7 +16,9 @@ ms) is the figure that grows with the model only if something copies it.
 Last line: JSON with ``weights_bytes``, ``baseline_rss_bytes``, ``peak_rss_bytes``,
 ``peak_over_baseline_per_weight``, ``stages`` (stage -> peak RSS bytes when that stage started),
 ``checkpoint_dtype`` (null without ``--checkpoint``), ``quantize`` (``--quantize FORMAT``: the export quantizes
-the linear layers as ``etsdk export --quantize FORMAT`` does; null without), ``checkpoint_bytes``, ``baseline_anon_bytes``,
+the linear layers as ``etsdk export --quantize FORMAT`` does; null without), ``meta_trace`` (``--meta-trace``, with
+a checkpoint: the export builds the model on the meta device and binds the checkpoint's weights after tracing, as
+``etsdk export --meta-trace`` does), ``checkpoint_bytes``, ``baseline_anon_bytes``,
 ``peak_anon_bytes`` and ``peak_anon_over_baseline_per_weight``.
 
 ``--shape NAME`` (repeatable: ``smollm2-360m``, ``llama-3.2-1b``, ``llama-3.2-3b``, ``llama-3.1-8b``): a sweep over
@@ -226,7 +228,8 @@ def measure(args: argparse.Namespace, source: Any, checkpoint_bytes: int | None,
         with _AnonPeak() as anon:
             written = export(source, output, backend="aoti", prefill_length=32, context_length=256,
                              partitioner_options={"EtsdkAotiBackend": {"device": "cpu"}}, quiet=False,
-                             quantization=QuantizationPlan.for_format(args.quantize) if args.quantize else None)
+                             quantization=QuantizationPlan.for_format(args.quantize) if args.quantize else None,
+                             meta_trace=args.meta_trace)
     finally:
         sys.stderr = stderr
     elapsed = time.perf_counter() - recorder.started
@@ -239,6 +242,7 @@ def measure(args: argparse.Namespace, source: Any, checkpoint_bytes: int | None,
         "stages": stages,
         "checkpoint_dtype": args.checkpoint,
         "quantize": args.quantize,
+        "meta_trace": args.meta_trace,
         "checkpoint_bytes": checkpoint_bytes,
         "baseline_anon_bytes": baseline_anon,
         "peak_anon_bytes": anon.peak,
@@ -290,7 +294,8 @@ def sweep(args: argparse.Namespace) -> None:
             print(f"{name}: {wrote['parameters'] / 1e9:.2f}B parameters, {args.checkpoint} checkpoint written in "
                   f"{time.perf_counter() - started:.0f}s", file=sys.stderr)
             command = [sys.executable, __file__, "--export-checkpoint", str(checkpoint), "--output", str(program),
-                       "--checkpoint", args.checkpoint, *(["--quantize", args.quantize] if args.quantize else [])]
+                       "--checkpoint", args.checkpoint, *(["--quantize", args.quantize] if args.quantize else []),
+                       *(["--meta-trace"] if args.meta_trace else [])]
             group = None
             if args.memory_cap:
                 from etsdk.testing import memory_cgroup
@@ -352,6 +357,9 @@ def main() -> None:
     parser.add_argument("--quantize", default=None, metavar="FORMAT",
                         help="with the export, quantize the linear layers to FORMAT (int8, int4:g32, ...) and the embedding "
                              "and head to int8, as etsdk export --quantize FORMAT does")
+    parser.add_argument("--meta-trace", action="store_true",
+                        help="with --checkpoint or --shape: build the model on the meta device, bind the checkpoint's "
+                             "weights after tracing (etsdk export --meta-trace)")
     parser.add_argument("--memory-cap", type=_bytes, default=None,
                         help="with --shape: export inside a memory cgroup of this many bytes (e.g. 4GiB; needs root)")
     parser.add_argument("--generate", type=int, default=4, help="with --shape: greedy tokens the program generates (0: none)")
@@ -363,6 +371,8 @@ def main() -> None:
     parser.add_argument("--export-checkpoint", default=None, help=argparse.SUPPRESS)  # a --shape export process
     parser.add_argument("--output", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.meta_trace and not (args.checkpoint or args.shape or args.export_checkpoint):
+        parser.error("--meta-trace builds the model from a checkpoint: give --checkpoint DTYPE or --shape NAME")
     if args.shape:
         args.checkpoint = args.checkpoint or "bfloat16"
         sweep(args)

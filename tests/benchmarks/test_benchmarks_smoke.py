@@ -146,6 +146,7 @@ EXPECTED_KEYS: dict[str, set[str]] = {
         "bytes_written",
         "peak_rss_over_checkpoint",
         "quantize",
+        "meta_trace",
     },
 }
 
@@ -162,7 +163,8 @@ SCRIPTS = sorted({p.stem for p in BENCHMARKS.glob("*.py")} | set(EXPECTED_KEYS))
 VARIANTS = [
     ("hf_static_decode", ["--quantize", "int4"]),  # the quantized paths (llama.cpp is a benchmark-only install)
     ("hf_static_decode", ["--weights-dtype", "bfloat16"]),  # 16-bit weights beside the float32 program
-    ("hf_static_export_memory", ["--checkpoint", "bfloat16"]),  # export from a checkpoint directory
+    # export from a checkpoint directory, the model built on the meta device (the default load: the --shape run)
+    ("hf_static_export_memory", ["--checkpoint", "bfloat16", "--meta-trace"]),
     # the shape sweep (checkpoint writer, export with quantization into a spill, generate)
     ("hf_static_export_memory", ["--shape", "smollm2-360m", "--quantize", "int8"]),
 ]

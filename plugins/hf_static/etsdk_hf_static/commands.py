@@ -78,6 +78,11 @@ def configure_export(export: argparse.ArgumentParser) -> None:
         help="the program's linear / embedding weights: auto (default) keeps a bfloat16 / float16 checkpoint's "
         "dtype (half the bytes of float32, computed in float32); float32 upcasts them",
     )
+    export.add_argument(
+        "--meta-trace", action="store_true",
+        help="build the model from config.json with its weights on the meta device: trace and compile against "
+        "their descriptions, read each weight from the safetensors files only when it is stored (not with --quantize)",
+    )
     quantize = export.add_argument_group("quantized weights (default: the model's own weights)")
     quantize.add_argument(
         "--quantize", default=None, metavar="FORMAT",
@@ -156,7 +161,10 @@ def run_export(args: argparse.Namespace) -> int:
         partitioner_options=backend_options(args.backend_option),
         quantization=quantization,
         allow_requantize=args.allow_requantize,
-        options={"attention": args.attention, "kv_cache": args.kv_cache, "weights_dtype": args.weights_dtype},
+        options={
+            "attention": args.attention, "kv_cache": args.kv_cache, "weights_dtype": args.weights_dtype,
+            "meta_trace": args.meta_trace,
+        },
     )
     for path in spec.exporter(request):
         print(path)

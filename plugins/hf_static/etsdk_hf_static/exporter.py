@@ -84,12 +84,14 @@ def checkpoint_dtype(directory: Path) -> str:
 
 
 def _load_model(
-    model: Any, quiet: bool, allow_requantize: bool = False, weights_dtype: str = "auto"
+    model: Any, quiet: bool, allow_requantize: bool = False, weights_dtype: str = "auto", meta_trace: bool = False
 ) -> tuple[Any, Path | None, Any]:
     """The model, its directory (None for a model object or a GGUF file) and, for a GGUF file, its tokenizer.
 
     A model directory is loaded in its checkpoint's own dtype, memory-mapped from its safetensors files (nothing
-    copied); ``weights_dtype`` is applied afterwards, weight by weight (:func:`_cast_weights`)."""
+    copied); ``weights_dtype`` is applied afterwards, weight by weight (:func:`_cast_weights`). With
+    ``meta_trace`` it is built from its config with its parameters on the meta device instead
+    (:mod:`etsdk_hf_static.meta_build`)."""
     if not isinstance(model, (str, Path)):
         return model, None, None
     directory = Path(model)
@@ -109,7 +111,13 @@ def _load_model(
 
     dtype = checkpoint_dtype(directory)
     wanted_dtype = dtype if weights_dtype == "auto" else weights_dtype
-    _say(f"loading {directory} ({dtype} weights{'' if wanted_dtype == dtype else f', converted to {wanted_dtype}'})", quiet)
+    converted = "" if wanted_dtype == dtype else f", converted to {wanted_dtype}"
+    if meta_trace:
+        from etsdk_hf_static.meta_build import described_model
+
+        _say(f"building {directory / 'config.json'} on the meta device ({dtype} weights{converted}, read when stored)", quiet)
+        return described_model(directory, getattr(torch, dtype)), directory, None
+    _say(f"loading {directory} ({dtype} weights{converted})", quiet)
     try:
         loaded = AutoModelForCausalLM.from_pretrained(directory, dtype=getattr(torch, dtype))
     except Exception as exc:  # noqa: BLE001 - e.g. SafetensorError from a damaged weights file: one clear error
@@ -244,6 +252,7 @@ def export(
     attention: str = "auto",
     kv_cache: str = "float32",
     weights_dtype: str = "auto",
+    meta_trace: bool = False,
     quiet: bool = False,
 ) -> list[Path]:
     """Export ``model`` (a transformers model directory or a ``*ForCausalLM`` object) to ``output``.
@@ -271,6 +280,12 @@ def export(
     checkpoint's weights are converted one at a time into temporary files, never all in memory). Whatever
     the weights, the program computes in float32 (:func:`etsdk.keep_16bit_weights`): its caches and logits
     are the contract's float32.
+    ``meta_trace``: build a model directory's model from its ``config.json`` with every parameter on the meta
+    device, trace against their descriptions, and bind the checkpoint's safetensors tensors (memory-mapped) into
+    the traced programs before the backends compile and store them: transformers never loads the weights, and
+    tracing reads none (a weight the export converts, such as a 16-bit norm computed in float32, is converted
+    before). The program is the same, byte for byte in its weights. Not with ``quantization`` (quantizing needs
+    the values first) nor a model object or GGUF file.
     Returns the paths written.
     """
     started = time.perf_counter()
@@ -289,7 +304,9 @@ def export(
             )
     if weights_dtype not in WEIGHTS_DTYPES:
         raise ExportError(f"weights_dtype must be one of {', '.join(WEIGHTS_DTYPES)}, found {weights_dtype!r}")
-    loaded, directory, gguf_tokenizer = _load_model(model, quiet, allow_requantize, weights_dtype)
+    if meta_trace:
+        _check_meta_trace(model, quantization)
+    loaded, directory, gguf_tokenizer = _load_model(model, quiet, allow_requantize, weights_dtype, meta_trace)
     with contextlib.ExitStack() as owned:
         # a model the export loaded keeps its converted (quantized, cast) weights in files, mapped, not in memory
         converts = quantization is not None or weights_dtype != "auto"
@@ -323,6 +340,8 @@ def _export_loaded(
     """:func:`export` once the model is loaded: quantize, trace, lower and write; the paths written."""
     import torch
 
+    from etsdk_hf_static.module import WRAPPED
+
     if weights_dtype != "auto":
         _cast_weights(loaded, getattr(torch, weights_dtype), spill)
     filled = wanted(attention, list(chosen.values()), loaded)
@@ -346,8 +365,14 @@ def _export_loaded(
     _plan(loaded, output, quiet)
     with torch.no_grad(), filled_attention(loaded, filled):
         sources = method_sources(loaded, meta, chosen, options)
+        weights = None
+        if directory is not None and any(t.device.type == "meta" for t in loaded.parameters()):  # meta_trace
+            from etsdk_hf_static.meta_build import checkpoint_tensors, weight_values
+
+            weights = weight_values(loaded, checkpoint_tensors(directory), WRAPPED, spill)
         lowered = etsdk.lower(
-            sources, contract=_contract(meta), external_data=output.stem if external_data else None, quiet=quiet
+            sources, contract=_contract(meta), external_data=output.stem if external_data else None,
+            weights=weights, quiet=quiet,
         )
     written = lowered.save(output)
     if directory is not None:
@@ -356,6 +381,16 @@ def _export_loaded(
         gguf_tokenizer.save_pretrained(tokenizer_dir(output))
         written.append(tokenizer_dir(output))
     return written
+
+
+def _check_meta_trace(model: Any, quantization: QuantizationPlan | None) -> None:
+    """``meta_trace`` applies to a transformers model directory exported without quantization: refused up front."""
+    if not isinstance(model, (str, Path)) or Path(model).suffix.lower() == ".gguf":
+        raise ExportError("meta_trace (--meta-trace) builds a transformers model directory's model on the meta device; "
+                          f"found {'a GGUF file' if isinstance(model, (str, Path)) else f'a {type(model).__name__} object'}")
+    if quantization is not None:
+        raise ExportError("meta_trace (--meta-trace) does not combine with quantization (--quantize): quantizing reads "
+                          "every weight's values before tracing; leave one out")
 
 
 def _cast_weights(model: Any, dtype: Any, spill: Any = None) -> None:
@@ -371,8 +406,8 @@ def _cast_weights(model: Any, dtype: Any, spill: Any = None) -> None:
             continue
         if not weight.is_floating_point() or weight.dtype == dtype:
             continue
-        if id(weight) not in cast:
-            converted = spill.convert(weight, dtype) if spill is not None else weight.detach().to(dtype)
+        if id(weight) not in cast:  # (a meta weight stays a description; its value is converted when bound)
+            converted = spill.convert(weight, dtype) if spill is not None and not weight.is_meta else weight.detach().to(dtype)
             cast[id(weight)] = torch.nn.Parameter(converted, requires_grad=False)
         module.weight = cast[id(weight)]
 
@@ -399,8 +434,8 @@ def model_size(model: Any) -> tuple[int, int]:
         for name, tensor in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
             if tensor is None or name.startswith(("key_cache", "value_cache", "cumulative_length")):
                 continue
-            key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
-            if key in seen or tensor.device.type == "meta":
+            key = (id(tensor), -1) if tensor.is_meta else (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
+            if key in seen:
                 continue
             seen.add(key)
             size += tensor.numel() * tensor.element_size()
@@ -469,10 +504,11 @@ def export_request(request: ExportRequest) -> list[Path]:
     unknown = sorted(set(request.method_backends) - set(METHODS))
     if unknown:
         raise ExportError(f"hf_static has methods {', '.join(METHODS)}; no method {', '.join(unknown)}")
-    unknown_options = sorted(set(request.options) - {"attention", "kv_cache", "weights_dtype"})
+    unknown_options = sorted(set(request.options) - {"attention", "kv_cache", "weights_dtype", "meta_trace"})
     if unknown_options:
         raise ExportError(
-            f"hf_static's exporter takes the options attention, kv_cache and weights_dtype, not {', '.join(unknown_options)}"
+            f"hf_static's exporter takes the options attention, kv_cache, weights_dtype and meta_trace, not "
+            f"{', '.join(unknown_options)}"
         )
     unknown_sizes = sorted(set(request.sizes) - {"T", "S"})
     if unknown_sizes:
@@ -493,4 +529,5 @@ def export_request(request: ExportRequest) -> list[Path]:
         attention=str(request.options.get("attention", "auto")),
         kv_cache=str(request.options.get("kv_cache", "float32")),
         weights_dtype=str(request.options.get("weights_dtype", "auto")),
+        meta_trace=request.options.get("meta_trace", False) is True,
     )

@@ -31,6 +31,7 @@ from etsdk import ExportError
 
 __all__ = [
     "StaticCausalLM",
+    "WRAPPED",
     "WindowedCausalLM",
     "causal_mask",
     "layer_kinds",
@@ -140,6 +141,10 @@ def _full_attention_config(config: Any, context_length: int) -> Any:
     if types is not None:
         full.layer_types = ["full_attention" if t == "sliding_attention" else t for t in types]
     return full
+
+
+#: Where both wrappers hold the transformers model: their tensors' names are ``WRAPPED + the model's own``.
+WRAPPED = "model."
 
 
 class StaticCausalLM(torch.nn.Module):

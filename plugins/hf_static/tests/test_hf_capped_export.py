@@ -80,14 +80,19 @@ def reference_tokens(checkpoint: Path) -> list[int]:
     return [int(t) for t in reference.stdout.strip().splitlines()[-1].split(",")]
 
 
-@pytest.mark.parametrize("weights_dtype", ["auto", "float32"])
+@pytest.mark.parametrize("weights_dtype", ["auto", "float32", "auto-meta-trace"])
 def test_a_checkpoint_larger_than_the_memory_limit_exports_and_generates(
     cgroup: MemoryCgroup, checkpoint: Path, reference_tokens: list[int], tmp_path: Path, weights_dtype: str
 ) -> None:
+    """``auto-meta-trace``: the model built on the meta device, its weights bound from the checkpoint after tracing
+    (``--meta-trace``)."""
     size = sum(p.stat().st_size for p in checkpoint.glob("*.safetensors"))
     assert size > 1.25 * CAP, f"the checkpoint ({size} bytes) must be well above the limit ({CAP})"
-    result = _capped_export(cgroup, checkpoint, tmp_path / "model.pte", "--weights-dtype", weights_dtype)
+    meta = weights_dtype.endswith("-meta-trace")
+    flags = ("--weights-dtype", weights_dtype.removesuffix("-meta-trace"), *(("--meta-trace",) if meta else ()))
+    result = _capped_export(cgroup, checkpoint, tmp_path / "model.pte", *flags)
     assert result.returncode == 0, f"exit {result.returncode} under a {CAP}-byte limit\n{result.stderr[-3000:]}"
+    assert ("on the meta device (bfloat16 weights" if meta else "loading") in result.stderr
     assert "(bfloat16 weights" in result.stderr
     if weights_dtype == "float32":  # every linear / embedding weight upcast: twice the checkpoint's bytes
         assert "converted to float32" in result.stderr

@@ -46,17 +46,19 @@ def half_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def programs(half_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """bfloat16 kept (prefill on the reference backend, decode on etsdk-aoti: both read one entry per weight),
-    the same upcast with ``weights_dtype="float32"``, and float16 kept through etsdk-aoti alone."""
+    the same upcast with ``weights_dtype="float32"``, float16 kept through etsdk-aoti alone, and the bfloat16 one
+    again built on the meta device (``meta_trace``: its weights bound from the checkpoint after tracing)."""
     root = tmp_path_factory.mktemp("half-programs")
     made = {}
-    for name, directory, dtype, prefill in (
-        ("bfloat16", half_dirs["bfloat16"], "auto", "reference"),
-        ("upcast", half_dirs["bfloat16"], "float32", "reference"),
-        ("float16", half_dirs["float16"], "auto", "aoti"),
+    for name, directory, dtype, prefill, meta in (
+        ("bfloat16", half_dirs["bfloat16"], "auto", "reference", False),
+        ("upcast", half_dirs["bfloat16"], "float32", "reference", False),
+        ("float16", half_dirs["float16"], "auto", "aoti", False),
+        ("bfloat16-meta", half_dirs["bfloat16"], "auto", "reference", True),
     ):
         path = root / f"{name}.pte"
         export(directory, path, prefill_backend=prefill, decode_backend="aoti", prefill_length=T, context_length=S,
-               weights_dtype=dtype, partitioner_options=AOTI_CPU, quiet=True)
+               weights_dtype=dtype, partitioner_options=AOTI_CPU, meta_trace=meta, quiet=True)
         made[name] = path
     return made
 
@@ -87,12 +89,12 @@ def test_the_checkpoint_dtype_is_read_from_its_config(half_dirs: dict[str, Path]
     assert checkpoint_dtype(tmp_path) == "float32"
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("program", ["bfloat16", "float16", "bfloat16-meta"])
 def test_a_16bit_program_generates_what_transformers_generates_from_the_upcast_weights(
-    half_dirs: dict[str, Path], programs: dict[str, Path], dtype: str
+    half_dirs: dict[str, Path], programs: dict[str, Path], program: str
 ) -> None:
-    reference = _upcast(half_dirs[dtype])
-    runner = HfStaticRunner.from_file(programs[dtype])
+    reference = _upcast(half_dirs[program.removesuffix("-meta")])
+    runner = HfStaticRunner.from_file(programs[program])
     compared = 0
     for length in (1, T + 3, 2 * T + 1):
         prompt = prompt_of(length, seed=5)
@@ -120,6 +122,12 @@ def test_the_program_stores_the_checkpoint_bytes_once_at_half_the_float32_size(
             assert f"weights/{digest}" in kept, f"{name}'s bfloat16 bytes are not one of the program's weight entries"
     # both backends read the same entries: as many as the float32-upcast program has (one per weight)
     assert len(kept) == len(upcast)
+
+
+def test_tracing_on_the_meta_device_stores_the_same_weights(programs: dict[str, Path]) -> None:
+    """The meta-traced program's weight entries are the transformers-loaded one's, byte for byte (each entry's key
+    is its bytes' SHA-256); only AOTInductor's compiled code differs between any two compiles."""
+    assert _weight_entries(programs["bfloat16-meta"]) == _weight_entries(programs["bfloat16"])
 
 
 def test_16bit_weights_are_read_on_the_gemv_and_the_blobs_say_so(programs: dict[str, Path]) -> None:

@@ -70,6 +70,7 @@ def lower(
     partitioner_options: Mapping[str, Any] | None = None,
     contract: Any = None,
     external_data: str | None = None,
+    weights: Mapping[str, Any] | None = None,
     quiet: bool = True,
 ) -> Lowered:
     """Export and lower a model.
@@ -86,16 +87,24 @@ def lower(
     backend's named data (weights) in ``<external_data>.ptd`` beside the
     ``.pte`` instead of inside it. Progress goes to stderr unless ``quiet``.
 
+    ``weights``: the values of the modules' tensors that are on the meta device, by their name in the module
+    (a model built on the meta device is traced against its tensors' descriptions, and the values are bound in
+    before anything reads a weight: nothing model-sized is built to trace it; :mod:`etsdk._export.described`).
+    Each value must be a CPU tensor of the described dtype, shape and stride, checked before tracing; a tied
+    tensor takes the value of any of its names.
+
     The stages, in order (each a function of this module): :func:`check_request`,
-    :func:`resolve_partitioners`, :func:`trace`, :func:`check_traced`,
+    :func:`resolve_partitioners`, :func:`trace` (which binds ``weights``), :func:`check_traced`,
     :func:`lower_to_edge`, :func:`check_delegation`, :func:`emit`.
     """
     from etsdk._export.core_partitioner import LoweringContext
+    from etsdk._export.described import described_weights
 
     methods = check_request(methods, module, example_inputs, backend, partitioner_options, contract, external_data)
+    described = described_weights({name: source.module for name, source in methods.items()}, weights)
     context = LoweringContext(quiet=quiet, external_data=external_data)
     plan = resolve_partitioners(methods, context)
-    exported = trace(methods, context)
+    exported = trace(methods, context, described)
     contract, model = check_traced(methods, exported, contract, plan, context.stored_weights.digest)
     edge = lower_to_edge(exported, plan, context)
     records = check_delegation(methods, edge, context)
@@ -176,17 +185,20 @@ def resolve_partitioners(methods: Mapping[str, MethodSource], context: Any) -> P
     return plan
 
 
-def trace(methods: Mapping[str, MethodSource], context: Any) -> dict[str, Any]:
-    """Stage 3: ``torch.export`` of every method (weights shared with the module, not cloned)."""
+def trace(methods: Mapping[str, MethodSource], context: Any, described: Any = None) -> dict[str, Any]:
+    """Stage 3: ``torch.export`` of every method (weights shared with the module, not cloned); a module's meta
+    tensors are traced as fake CPU tensors and ``described``'s values (:func:`~etsdk._export.described.
+    described_weights`) bound into the programs afterwards."""
     import torch
 
+    from etsdk._export.described import bind_described, fake_while_tracing
     from etsdk._export.tracing import weights_shared_while_tracing
 
     exported: dict[str, Any] = {}
     for name, source in methods.items():
         context.progress(f"tracing '{name}'")
         try:
-            with weights_shared_while_tracing():
+            with weights_shared_while_tracing(), fake_while_tracing(source.module):
                 exported[name] = torch.export.export(
                     source.module,
                     tuple(source.example_inputs),
@@ -195,6 +207,8 @@ def trace(methods: Mapping[str, MethodSource], context: Any) -> dict[str, Any]:
                 )
         except Exception as exc:
             raise ExportError(f"torch.export of method '{name}' failed: {type(exc).__name__}: {exc}") from exc
+    if described is not None:
+        bind_described(exported, described)
     return exported
 
 
