@@ -54,7 +54,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from etsdk._export.partition import Constant, NamedDataWriter, Partition, StateUpdate
+from etsdk._export.partition import WEIGHTS_NAMESPACE, Constant, NamedDataWriter, Partition, StateUpdate
 from etsdk._format.blob import BlobReader, BlobWriter
 from etsdk._format.dtypes import dtype_name, torch_dtype
 from etsdk._format.weight_format import WeightFormat, WeightLayout, WeightUse
@@ -99,6 +99,7 @@ __all__ = [
     "RuntimeBinding",
     "StateBinding",
     "StateUpdate",
+    "WEIGHTS_NAMESPACE",
     "WeightFormat",
     "WeightLayout",
     "WeightUse",

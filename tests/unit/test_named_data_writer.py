@@ -34,6 +34,31 @@ def test_a_weight_key_is_the_sha256_of_its_bytes(numel: int) -> None:
     assert key in writer.output().pte_data
 
 
+@pytest.mark.parametrize("numel", [16, SPOOL_BYTES // 4 + 1])
+def test_weight_key_is_add_weights_key_and_stores_nothing(numel: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backend holding a weight in another form asks ``weight_key`` whether the model's tensor has its bytes; a
+    memory-mapped one is then stored without being read again."""
+    values = torch.arange(numel, dtype=torch.float32)
+    (tmp_path / "w.bin").write_bytes(values.numpy().tobytes())
+    with open(tmp_path / "w.bin", "r+b") as f:
+        mapped = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE)
+    weight = torch.frombuffer(mapped, dtype=torch.float32)
+    writer = NamedDataWriter("A", stored=StoredWeights())
+    assert writer.weight_key(weight) == f"weights/{_sha(values)}"
+    assert not writer.output().pte_data  # nothing stored
+    assert NamedDataWriter("B").weight_key(values) == f"weights/{_sha(values)}"  # without a lowering's memory too
+    if numel * 4 >= SPOOL_BYTES:  # remembered: storing it now reads nothing
+        import etsdk._export.partition as partition
+
+        reads: list[int] = []
+        original = partition.hash_through
+        monkeypatch.setattr(partition, "hash_through", lambda *a, **k: reads.append(1) or original(*a, **k))
+        assert writer.add_weight(weight) == f"weights/{_sha(values)}"
+        assert reads == []
+    del weight
+    mapped.close()
+
+
 def test_a_spool_that_cannot_be_written_names_the_folder_and_leaves_no_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     missing = tmp_path / "no-such-folder"
     monkeypatch.setattr(tempfile, "tempdir", str(missing))

@@ -16,20 +16,27 @@ The payload is an etsdk container (:class:`etsdk.BlobWriter`) with two sections:
                                                      enforces it) or "user" (declared here), ownership "caller"
      "engine":  null | {"key", "nbytes", "sha256", "tensorrt_version", "compute_capability", "precision"},
                                                      the serialized engine in named data, and what it was built for
-     "onnx":    null | {"opset", "sha256", "weights": null | {"key", "nbytes", "sha256"}, "weights_location"},
-                                                     the ONNX graph (section ``onnx``) and its external weights
+     "onnx":    null | {"opset", "sha256", "weights": null | {"key", "nbytes", "sha256"}, "weights_location",
+                         "tensors": [{"name", "offset", "nbytes", "key"}]},
+                                                     the ONNX graph (section ``onnx``) and its external weights:
+                                                     one file in named data (older blobs), or per initializer
+                                                     the named-data weight entry holding the bytes the file
+                                                     has at ``offset`` (``tensors``; the file is rebuilt from
+                                                     them at load), entries other backends share
      "build":   {options the engine is (re)built with}}
 
 ``onnx``: the ONNX model without its weights (present when ``onnx`` is not null).
 
 Required features (a reader refuses any it does not know): ``tensorrt.blob.v1``
 always; ``tensorrt.engine.v1`` with an engine; ``tensorrt.onnx.v1`` with ONNX;
+``tensorrt.onnx.tensors.v1`` when its weights are given per initializer;
 ``tensorrt.alias.kv_cache_update.v1`` / ``tensorrt.alias.user.v1`` when an alias
 of that kind is present.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -41,8 +48,9 @@ from etsdk.backend import ArgSpec
 BLOB_FEATURE = "tensorrt.blob.v1"
 ENGINE_FEATURE = "tensorrt.engine.v1"
 ONNX_FEATURE = "tensorrt.onnx.v1"
+ONNX_TENSORS_FEATURE = "tensorrt.onnx.tensors.v1"
 ALIAS_FEATURES = {"kv_cache_update": "tensorrt.alias.kv_cache_update.v1", "user": "tensorrt.alias.user.v1"}
-KNOWN_FEATURES = frozenset({BLOB_FEATURE, ENGINE_FEATURE, ONNX_FEATURE, *ALIAS_FEATURES.values()})
+KNOWN_FEATURES = frozenset({BLOB_FEATURE, ENGINE_FEATURE, ONNX_FEATURE, ONNX_TENSORS_FEATURE, *ALIAS_FEATURES.values()})
 
 JSON_SECTION = "tensorrt"
 ONNX_SECTION = "onnx"
@@ -89,11 +97,31 @@ class EngineRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class OnnxTensor:
+    """One ONNX initializer's bytes: ``nbytes`` at ``offset`` of the external-data file, held by the named-data
+    entry ``key`` (``weights/<sha256>``: the entry every backend storing the same weight shares)."""
+
+    name: str
+    offset: int
+    nbytes: int
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
 class OnnxRecord:
     opset: int
     sha256: str
     weights: NamedBytes | None
     weights_location: str | None
+    tensors: tuple[OnnxTensor, ...] = ()
+
+    def weights_identity(self) -> str | None:
+        """What identifies the external weights' bytes (for the engine cache): the file's SHA-256, or a digest of
+        the per-initializer entries (their keys are their bytes' SHA-256)."""
+        if self.tensors:
+            listing = json.dumps([[t.offset, t.nbytes, t.key] for t in self.tensors], separators=(",", ":"))
+            return "tensors:" + hashlib.sha256(listing.encode()).hexdigest()
+        return self.weights.sha256 if self.weights is not None else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +141,8 @@ class BlobDescription:
             features.append(ENGINE_FEATURE)
         if self.onnx is not None:
             features.append(ONNX_FEATURE)
+            if self.onnx.tensors:
+                features.append(ONNX_TENSORS_FEATURE)
         unknown = sorted({a.kind for a in self.aliases} - set(ALIAS_FEATURES))
         if unknown:
             raise BlobFormatError(f"etsdk-tensorrt blob: alias kind(s) {', '.join(unknown)} are not one of {', '.join(ALIAS_KINDS)}")
@@ -204,6 +234,31 @@ def _named(f: _Fields | None) -> NamedBytes | None:
     return None if f is None else NamedBytes(f.text("key"), f.integer("nbytes"), f.text("sha256"))
 
 
+def _onnx_tensors(o: _Fields) -> tuple[OnnxTensor, ...]:
+    """``onnx.tensors`` (absent in older blobs): each a named-data weight entry, in file order, none overlapping,
+    and only with a file to rebuild (``weights_location``) and no whole-file entry beside them."""
+    if o.obj.get("tensors") is None:
+        return ()
+    tensors = []
+    end = 0
+    for i, t in enumerate(o.items("tensors")):
+        f = _Fields(t, f"onnx.tensors[{i}]")
+        tensor = OnnxTensor(f.text("name"), f.integer("offset"), f.integer("nbytes"), f.text("key"))
+        if tensor.offset < end:
+            raise BlobFormatError(
+                f"etsdk-tensorrt blob: onnx.tensors[{i}] ('{tensor.name}') starts at byte {tensor.offset}, inside the "
+                f"previous initializer (which ends at {end}); initializers are listed in file order, apart"
+            )
+        end = tensor.offset + tensor.nbytes
+        tensors.append(tensor)
+    if tensors and (o.obj.get("weights") is not None or not o.obj.get("weights_location")):
+        raise BlobFormatError(
+            "etsdk-tensorrt blob: onnx.tensors rebuilds the external-data file named by onnx.weights_location, "
+            "and comes without a whole-file onnx.weights"
+        )
+    return tuple(tensors)
+
+
 def _parse(raw: Any) -> BlobDescription:
     top = _Fields(raw, "description")
     states = []
@@ -232,7 +287,15 @@ def _parse(raw: Any) -> BlobDescription:
     onnx = None
     o = top.nested("onnx")
     if o is not None:
-        onnx = OnnxRecord(o.integer("opset"), o.text("sha256"), _named(o.nested("weights")), o.text("weights_location", optional=True))
+        onnx = OnnxRecord(
+            o.integer("opset"), o.text("sha256"), _named(o.nested("weights")), o.text("weights_location", optional=True),
+            _onnx_tensors(o),
+        )
+        location = onnx.weights_location
+        if location is not None and (location in (".", "..") or "/" in location or "\\" in location):
+            raise BlobFormatError(
+                f"etsdk-tensorrt blob: onnx.weights_location must be a plain file name beside the graph, found {location!r}"
+            )
     build = top._get("build")
     if not isinstance(build, dict):
         raise BlobFormatError("etsdk-tensorrt blob: build must be an object")

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import copy
 import hashlib
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +86,10 @@ class OnnxPartition:
     aliases: tuple[Alias, ...]
     engine_inputs: tuple[str, ...]  # the ONNX graph's own order
     engine_outputs: tuple[str, ...]
+    #: every initializer in ``weights_path``: (name, offset, nbytes), in file order
+    external: tuple[tuple[str, int, int], ...] = ()
+    #: the partition's constants by the initializer name they were exported under (the model's own tensors)
+    constants: Mapping[str, torch.Tensor] = field(default_factory=dict)
 
     def graph_sha256(self) -> str:
         return hashlib.sha256(self.model_path.read_bytes()).hexdigest()
@@ -416,7 +420,10 @@ def export(program: Any, signature: Any, workdir: Path) -> OnnxPartition:
                 output_names=lifted.output_names,
                 custom_translation_table=translations,
                 verbose=False,
-                optimize=True,
+                # not optimized: constant folding would store a linear layer's weight transposed (an initializer
+                # named after the fold, with other bytes), so the ONNX could not share the model's weight entries
+                # with other backends (TensorRT and ONNX Runtime fold the transpose when they build)
+                optimize=False,
             )
     except Exception as exc:
         raise ExportError(f"backend '{BACKEND_ID}': torch.onnx.export of the partition failed: {type(exc).__name__}: {exc}") from exc
@@ -434,6 +441,8 @@ def export(program: Any, signature: Any, workdir: Path) -> OnnxPartition:
             onnx.save_model(whole, str(model_path), save_as_external_data=True, location="model.onnx.data", size_threshold=0)
         del whole
     model = onnx.load(str(model_path), load_external_data=False)
+    _strip_debug_info(model)
+    onnx.save_model(model, str(model_path))  # the graph only: the external weights are referenced, not rewritten
     _check_io(model, lifted)
     _check_tensor_scatter(model, lifted.aliases)
     try:
@@ -453,6 +462,14 @@ def export(program: Any, signature: Any, workdir: Path) -> OnnxPartition:
         raise ExportError(f"backend '{BACKEND_ID}': the ONNX weights landed in {len(locations)} files, expected one")
     weights_location = locations[0] if locations else None
     weights_path = workdir / weights_location if weights_location else None
+    external = []
+    for tensor in model.graph.initializer:
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            info = {entry.key: entry.value for entry in tensor.external_data}
+            if "length" not in info:
+                raise ExportError(f"backend '{BACKEND_ID}': ONNX initializer '{tensor.name}' has external data without a length")
+            external.append((tensor.name, int(info.get("offset", 0)), int(info["length"])))
+    constants = {**dict(lifted.module.named_parameters()), **dict(lifted.module.named_buffers())}
     return OnnxPartition(
         model_path=model_path,
         weights_path=weights_path,
@@ -463,7 +480,17 @@ def export(program: Any, signature: Any, workdir: Path) -> OnnxPartition:
         aliases=lifted.aliases,
         engine_inputs=tuple(i.name for i in model.graph.input),
         engine_outputs=tuple(o.name for o in model.graph.output),
+        external=tuple(sorted(external, key=lambda e: e[1])),
+        constants=constants,
     )
+
+
+def _strip_debug_info(model: Any) -> None:
+    """Drop each node's debug metadata (the exporter's namespaces and Python stack traces: 2.2 of a 2.3 MB graph for
+    a two-layer model, and local paths): the program carries the graph, not how it was traced."""
+    for node in model.graph.node:
+        del node.metadata_props[:]
+        node.doc_string = ""
 
 
 def _check_io(model: Any, lifted: _Lifted) -> None:

@@ -264,7 +264,7 @@ def _build_from_onnx(
         {
             "builder": engine.BUILDER_VERSION,
             "graph": record.sha256,
-            "weights": record.weights.sha256 if record.weights else None,
+            "weights": record.weights_identity(),
             "precision": options.precision,
             "workspace_mib": options.workspace_mib,
             "optimization_level": options.optimization_level,
@@ -287,11 +287,27 @@ def _build_from_onnx(
                         f"{record.weights.nbytes}"
                     )
                 (Path(tmp) / str(record.weights_location)).write_bytes(weights)
+            elif record.tensors:
+                _rebuild_weights(where, record.tensors, named_data, Path(tmp) / str(record.weights_location))
             shapes = {t.name: t.shape for t in description.inputs} | {s.input: s.shape for s in description.states}
             return engine.build(trt, model, options, shapes, say=say, error=ProgramError, where=where)
 
     data, _ = engine.cached(key, produce)
     return data, key
+
+
+def _rebuild_weights(where: str, tensors: Sequence[blob_format.OnnxTensor], named_data: Any, path: Any) -> None:
+    """The ONNX external-data file, each initializer's bytes (a named-data weight entry) written at its offset."""
+    with open(path, "wb") as out:
+        for tensor in tensors:
+            data = named_data.get(tensor.key)
+            if data.nbytes != tensor.nbytes:
+                raise ProgramError(
+                    f"{where}: ONNX initializer '{tensor.name}' ('{tensor.key}') is {data.nbytes} bytes, the blob says "
+                    f"{tensor.nbytes}"
+                )
+            out.seek(tensor.offset)
+            out.write(data)
 
 
 def _deserialize(where: str, trt: Any, data: bytes | memoryview) -> Any:

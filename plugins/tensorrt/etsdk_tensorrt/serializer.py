@@ -4,10 +4,12 @@
 partition's edge ExportedProgram, its delegate signature, the compile specs and
 a named-data sink); :func:`preprocess` is the plugin API's entry point.
 
-* The ONNX graph goes into the blob; its weights (an external-data file) and
-  the serialized engine go to named data, streamed from files, so neither is
-  ever held whole in memory by etsdk and ``external_data`` puts them in a
-  ``.ptd``.
+* The ONNX graph goes into the blob; the serialized engine goes to named data,
+  streamed from its file, and so do the ONNX weights, one weight entry per
+  initializer (:func:`store_initializers`): the model's own tensor where the
+  initializer holds its bytes, so a program whose other methods run on another
+  backend (AOTI decode) stores each weight once. ``external_data`` puts them in
+  a ``.ptd``; the runtime rebuilds the external-data file from the entries.
 * The engine is built here when ``build`` is ``"export"``, or ``"auto"`` and
   TensorRT is importable and a GPU is present; otherwise the blob carries the
   ONNX and the engine is built on first load on the target.
@@ -34,6 +36,14 @@ _CHUNK = 8 << 20
 class NamedDataSink(Protocol):
     def add_file(self, path: Path, sha256: str) -> str:
         """Store the file's bytes as named data and return its key; the sink owns the file from here on."""
+        ...
+
+    def add_weight(self, tensor: Any) -> str:
+        """Store a weight tensor's bytes as the shared weight entry (``NamedDataWriter.add_weight``); its key."""
+        ...
+
+    def weight_key(self, tensor: Any) -> str:
+        """The key :meth:`add_weight` would give ``tensor``, without storing it (``NamedDataWriter.weight_key``)."""
         ...
 
 
@@ -78,12 +88,9 @@ def serialize(
                 data, str(trt.__version__), device.compute_capability(), options.precision
             )
         keep_onnx = engine_record is None or options.keep_onnx
-        weights = None
-        if keep_onnx and partition.weights_path is not None:
-            digest, size = sha256_file(partition.weights_path), partition.weights_path.stat().st_size
-            weights = blob_format.NamedBytes(named.add_file(partition.weights_path, digest), size, digest)
+        tensors = store_initializers(partition, named) if keep_onnx and partition.weights_path is not None else ()
         onnx_record = blob_format.OnnxRecord(
-            onnx_export.OPSET, hashlib.sha256(graph).hexdigest(), weights, partition.weights_location
+            onnx_export.OPSET, hashlib.sha256(graph).hexdigest(), None, partition.weights_location, tensors
         )
         description = blob_format.BlobDescription(
             device=options.state_device,
@@ -105,6 +112,39 @@ def serialize(
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def store_initializers(partition: onnx_export.OnnxPartition, named: NamedDataSink) -> tuple[blob_format.OnnxTensor, ...]:
+    """Each initializer of the partition's external-data file as a weight entry: the partition's own constant when
+    the initializer holds exactly its bytes (the entry every other backend storing that weight shares, read in place
+    when memory-mapped), else the initializer's bytes (a weight the export changed: quantized planes)."""
+    import torch
+    from etsdk.backend import WEIGHTS_NAMESPACE
+
+    assert partition.weights_path is not None
+    stored = []
+    with partition.weights_path.open("rb") as f:
+        for name, offset, nbytes in partition.external:
+            digest = hashlib.sha256()
+            for start in range(0, nbytes, _CHUNK):
+                digest.update(os.pread(f.fileno(), min(_CHUNK, nbytes - start), offset + start))
+            source = partition.constants.get(name)
+            same = (
+                source is not None
+                and source.numel() * source.element_size() == nbytes
+                and named.weight_key(source) == WEIGHTS_NAMESPACE + digest.hexdigest()
+            )
+            if same:
+                key = named.add_weight(source)
+            else:
+                data = bytearray(nbytes)
+                f.seek(offset)
+                if f.readinto(data) != nbytes:
+                    raise ExportError(f"the ONNX weights file ends inside initializer '{name}' ({nbytes} bytes at {offset})")
+                key = named.add_weight(torch.frombuffer(data, dtype=torch.uint8) if nbytes else torch.empty(0, dtype=torch.uint8))
+                del data
+            stored.append(blob_format.OnnxTensor(name, offset, nbytes, key))
+    return tuple(stored)
+
+
 class _WriterSink:
     """Files handed to the core's named data: moved out of the work directory, deleted once the program is written."""
 
@@ -116,6 +156,12 @@ class _WriterSink:
         os.close(fd)
         os.replace(path, kept)
         return str(self.writer.add_file(kept, sha256=sha256, cleanup=True, alignment=256))
+
+    def add_weight(self, tensor: Any) -> str:
+        return str(self.writer.add_weight(tensor))
+
+    def weight_key(self, tensor: Any) -> str:
+        return str(self.writer.weight_key(tensor))
 
 
 def preprocess(partition: Any) -> bytes:

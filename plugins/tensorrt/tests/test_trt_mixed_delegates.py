@@ -11,6 +11,7 @@ the tokens differ, so the comparison can fail.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -89,6 +90,29 @@ def test_prefill_cache_writes_are_tensor_scatter_aliases(mixed_pte: Path) -> Non
                      "v1": "kv_cache_update", "c0": "user", "c1": "user"}
     assert all(a.ownership == "caller" for a in description.aliases)
     assert description.device == "cpu" and description.engine is not None and description.onnx is not None
+
+
+def test_the_onnx_weights_are_the_weight_entries_aoti_decode_reads(mixed_pte: Path, model_dir: Path) -> None:
+    """Each ONNX initializer is a weight entry (``onnx.tensors``), the very entry AOTI's decode stores for that weight:
+    beside the engine TensorRT built at export (which holds its own copy), the program stores each weight once."""
+    from safetensors import safe_open
+
+    (description,) = payloads_in(mixed_pte)
+    assert description.onnx is not None and description.onnx.weights is None and description.onnx.tensors
+    listed = subprocess.run([sys.executable, "-m", "etsdk", "inspect", str(mixed_pte), "--json"], capture_output=True, text=True)
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    entries = {e["key"]: e["size"] for e in json.loads(listed.stdout)["named_data"]}
+    assert {t.key for t in description.onnx.tensors} <= set(entries)
+    with safe_open(str(model_dir / "model.safetensors"), framework="pt") as f:
+        weights = {f.get_tensor(k).numpy().tobytes() for k in f.keys()}
+    checkpoint_keys = {f"weights/{hashlib.sha256(w).hexdigest()}" for w in weights}
+    matrices = [t for t in description.onnx.tensors if t.nbytes >= 4096]
+    assert matrices and all(t.key in checkpoint_keys for t in matrices), "an initializer is not the model's own bytes"
+    assert description.engine is not None
+    stored = sum(size for key, size in entries.items() if key.startswith("weights/"))
+    others = {key: size for key, size in entries.items() if not key.startswith(("weights/", "etsdk/program/"))}
+    assert set(others) == {description.engine.data.key}, others  # no whole-file ONNX weights entry any more
+    assert stored <= 1.05 * sum(len(w) for w in weights), (stored, sum(len(w) for w in weights))
 
 
 def payloads_in(pte: Path) -> list[blob_format.BlobDescription]:

@@ -70,6 +70,54 @@ def test_an_unknown_alias_kind_is_refused_by_writer_and_reader() -> None:
         blob_format.read(writer.to_bytes())
 
 
+TENSORS = (
+    blob_format.OnnxTensor("w0", 0, 256, "weights/" + "a" * 64),
+    blob_format.OnnxTensor("w1", 256, 64, "weights/" + "b" * 64),
+)
+
+
+def _with_tensors(tensors: object, location: object = "model.onnx.data", weights: object = None) -> bytes:
+    """A blob whose ONNX weights are given per initializer, its JSON written as given (so the writer's own
+    dataclasses cannot stop a malformed one)."""
+    import json
+
+    table = _description(onnx=blob_format.OnnxRecord(24, "0" * 64, None, "model.onnx.data", TENSORS)).to_json()
+    table["onnx"].update(tensors=tensors, weights_location=location, weights=weights)
+    writer = etsdk.BlobWriter(required_features=[blob_format.BLOB_FEATURE, blob_format.ONNX_FEATURE, blob_format.ONNX_TENSORS_FEATURE])
+    writer.add_section(blob_format.JSON_SECTION, json.dumps(table).encode())
+    writer.add_section(blob_format.ONNX_SECTION, b"onnx-graph")
+    return writer.to_bytes()
+
+
+def test_onnx_weights_per_initializer_round_trip_and_are_required() -> None:
+    description = _description(onnx=blob_format.OnnxRecord(24, "0" * 64, None, "model.onnx.data", TENSORS))
+    payload = blob_format.write(description, b"onnx-graph")
+    read, _ = blob_format.read(payload)
+    assert read == description
+    assert "tensorrt.onnx.tensors.v1" in etsdk.BlobReader.declared_features(payload)[0]  # an older reader refuses it
+    assert read.onnx is not None and read.onnx.weights_identity() != blob_format.OnnxRecord(
+        24, "0" * 64, None, "model.onnx.data", TENSORS[:1]
+    ).weights_identity()
+
+
+@pytest.mark.parametrize(
+    ("tensors", "location", "message"),
+    [
+        ([{"name": "w0", "offset": 0, "nbytes": 256, "key": "k0"}, {"name": "w1", "offset": 100, "nbytes": 8, "key": "k1"}],
+         "model.onnx.data", r"onnx.tensors\[1\] \('w1'\) starts at byte 100, inside the previous initializer \(which ends at 256\)"),
+        ([{"name": "w0", "offset": -1, "nbytes": 256, "key": "k0"}], "model.onnx.data", r"onnx.tensors\[0\].offset must be a non-negative"),
+        ([{"name": "w0", "offset": 0, "nbytes": 256}], "model.onnx.data", r"onnx.tensors\[0\] has no 'key'"),
+        ("all", "model.onnx.data", "onnx.tensors must be a list"),
+        ([{"name": "w0", "offset": 0, "nbytes": 8, "key": "k0"}], None, "rebuilds the external-data file named by onnx.weights_location"),
+        ([{"name": "w0", "offset": 0, "nbytes": 8, "key": "k0"}], "../../etc/x", "must be a plain file name beside the graph, found '../../etc/x'"),
+    ],
+    ids=["overlap", "negative-offset", "no-key", "not-a-list", "no-file", "path-outside"],
+)
+def test_malformed_onnx_weight_entries_are_refused(tensors: object, location: object, message: str) -> None:
+    with pytest.raises(etsdk.BlobFormatError, match=message):
+        blob_format.read(_with_tensors(tensors, location))
+
+
 def test_a_blob_with_neither_engine_nor_onnx_cannot_be_written() -> None:
     with pytest.raises(etsdk.BlobFormatError, match="needs an engine, its ONNX, or both"):
         blob_format.write(_description(onnx=None), None)
@@ -100,3 +148,14 @@ def test_the_readme_table_is_the_partitioners() -> None:
     section = README.read_text().split("### Claimed operators", 1)[1].split("\n## ", 1)[0]
     rows = dict(re.findall(r"^\| `([a-z_:]+)` \| (.+?) \|$", section, flags=re.MULTILINE))
     assert rows == dict(OPERATORS)
+
+
+def test_the_onnx_weights_file_is_rebuilt_from_its_entries_and_a_wrong_size_is_refused(tmp_path: Path) -> None:
+    from etsdk_tensorrt.runtime import _rebuild_weights
+
+    entries = {TENSORS[0].key: memoryview(bytes(range(256))), TENSORS[1].key: memoryview(b"\x07" * 64)}
+    _rebuild_weights("method 'step'", TENSORS, entries, tmp_path / "model.onnx.data")
+    assert (tmp_path / "model.onnx.data").read_bytes() == bytes(range(256)) + b"\x07" * 64
+    entries[TENSORS[1].key] = memoryview(b"\x07" * 60)
+    with pytest.raises(etsdk.ProgramError, match=r"method 'step': ONNX initializer 'w1' \('weights/b+'\) is 60 bytes, the blob says 64"):
+        _rebuild_weights("method 'step'", TENSORS, entries, tmp_path / "model.onnx.data")

@@ -17,6 +17,11 @@ def onnx_files(captured: Any, directory: Path) -> tuple[Path, blob_format.BlobDe
     path.write_bytes(bytes(graph))
     if description.onnx.weights is not None:
         (directory / str(description.onnx.weights_location)).write_bytes(captured.named_data[description.onnx.weights.key])
+    if description.onnx.tensors:  # each initializer's weight entry at its offset
+        with (directory / str(description.onnx.weights_location)).open("wb") as f:
+            for tensor in description.onnx.tensors:
+                f.seek(tensor.offset)
+                f.write(captured.named_data[tensor.key])
     return path, description
 
 

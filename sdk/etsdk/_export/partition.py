@@ -324,6 +324,17 @@ class NamedDataWriter:
             self._stored.remember(memory, tensor, key, stored, self.fast_digests.get(key), mapped=where is not None)
         return key
 
+    def weight_key(self, tensor: Any) -> str:
+        """The key :meth:`add_weight` would give ``tensor`` (``weights/<sha256>`` of its row-major bytes), without
+        storing it. A backend that holds a weight in another form (an ONNX initializer, a file it wrote) asks this
+        to learn whether the model's tensor has the same bytes, and then stores the tensor itself with
+        :meth:`add_weight`, sharing the entry other backends store. A memory-mapped weight read here is
+        remembered (with its pages handed back), so storing it afterwards reads it no more."""
+        from etsdk._format.fingerprint import _tensor_digest
+
+        digest = self._stored.digest(tensor) if self._stored is not None else _tensor_digest(tensor)
+        return WEIGHTS_NAMESPACE + digest
+
     def _add_large(self, sha256: bytes, fast: str | None, data: Any, alignment: int) -> tuple[str, Any]:
         key = WEIGHTS_NAMESPACE + sha256.hex()
         if fast is not None:
