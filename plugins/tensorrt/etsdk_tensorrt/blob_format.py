@@ -14,8 +14,11 @@ The payload is an etsdk container (:class:`etsdk.BlobWriter`) with two sections:
                                                      each written state's output aliases its input;
                                                      kind "kv_cache_update" (TensorRT's KV-cache update layer
                                                      enforces it) or "user" (declared here), ownership "caller"
-     "engine":  null | {"key", "nbytes", "sha256", "tensorrt_version", "compute_capability", "precision"},
-                                                     the serialized engine in named data, and what it was built for
+     "engine":  null | {"data": {"key", "nbytes", "sha256"}, "tensorrt_version", "compute_capability",
+                         "precision", "stripped"},
+                                                     the serialized engine in named data, and what it was built for;
+                                                     "stripped": built without its weights (STRIP_PLAN), which
+                                                     the runtime refits from the ONNX weights
      "onnx":    null | {"opset", "sha256", "weights": null | {"key", "nbytes", "sha256"}, "weights_location",
                          "tensors": [{"name", "offset", "nbytes", "key"}]},
                                                      the ONNX graph (section ``onnx``) and its external weights:
@@ -30,6 +33,7 @@ The payload is an etsdk container (:class:`etsdk.BlobWriter`) with two sections:
 Required features (a reader refuses any it does not know): ``tensorrt.blob.v1``
 always; ``tensorrt.engine.v1`` with an engine; ``tensorrt.onnx.v1`` with ONNX;
 ``tensorrt.onnx.tensors.v1`` when its weights are given per initializer;
+``tensorrt.engine.stripped.v1`` with a weight-stripped engine;
 ``tensorrt.alias.kv_cache_update.v1`` / ``tensorrt.alias.user.v1`` when an alias
 of that kind is present.
 """
@@ -49,8 +53,11 @@ BLOB_FEATURE = "tensorrt.blob.v1"
 ENGINE_FEATURE = "tensorrt.engine.v1"
 ONNX_FEATURE = "tensorrt.onnx.v1"
 ONNX_TENSORS_FEATURE = "tensorrt.onnx.tensors.v1"
+ENGINE_STRIPPED_FEATURE = "tensorrt.engine.stripped.v1"
 ALIAS_FEATURES = {"kv_cache_update": "tensorrt.alias.kv_cache_update.v1", "user": "tensorrt.alias.user.v1"}
-KNOWN_FEATURES = frozenset({BLOB_FEATURE, ENGINE_FEATURE, ONNX_FEATURE, ONNX_TENSORS_FEATURE, *ALIAS_FEATURES.values()})
+KNOWN_FEATURES = frozenset(
+    {BLOB_FEATURE, ENGINE_FEATURE, ENGINE_STRIPPED_FEATURE, ONNX_FEATURE, ONNX_TENSORS_FEATURE, *ALIAS_FEATURES.values()}
+)
 
 JSON_SECTION = "tensorrt"
 ONNX_SECTION = "onnx"
@@ -94,6 +101,8 @@ class EngineRecord:
     tensorrt_version: str
     compute_capability: str
     precision: str
+    #: built without its weights (``BuilderFlag.STRIP_PLAN``): refitted at load from the blob's ONNX weights
+    stripped: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +148,8 @@ class BlobDescription:
         features = [BLOB_FEATURE]
         if self.engine is not None:
             features.append(ENGINE_FEATURE)
+            if self.engine.stripped:
+                features.append(ENGINE_STRIPPED_FEATURE)
         if self.onnx is not None:
             features.append(ONNX_FEATURE)
             if self.onnx.tensors:
@@ -283,7 +294,10 @@ def _parse(raw: Any) -> BlobDescription:
         data = _named(e.nested("data"))
         if data is None:
             raise BlobFormatError("etsdk-tensorrt blob: engine.data must name the serialized engine")
-        engine = EngineRecord(data, e.text("tensorrt_version"), e.text("compute_capability"), e.text("precision"))
+        stripped = e.obj.get("stripped", False)
+        if not isinstance(stripped, bool):
+            raise BlobFormatError(f"etsdk-tensorrt blob: engine.stripped must be true or false, found {stripped!r}")
+        engine = EngineRecord(data, e.text("tensorrt_version"), e.text("compute_capability"), e.text("precision"), stripped)
     onnx = None
     o = top.nested("onnx")
     if o is not None:
@@ -299,6 +313,8 @@ def _parse(raw: Any) -> BlobDescription:
     build = top._get("build")
     if not isinstance(build, dict):
         raise BlobFormatError("etsdk-tensorrt blob: build must be an object")
+    if engine is not None and engine.stripped and (onnx is None or not (onnx.tensors or onnx.weights)):
+        raise BlobFormatError("etsdk-tensorrt blob: a weight-stripped engine needs the ONNX weights to refit it from")
     description = BlobDescription(
         device=top.text("device"),
         inputs=tuple(_tensor(t, f"inputs[{i}]") for i, t in enumerate(top.items("inputs"))),

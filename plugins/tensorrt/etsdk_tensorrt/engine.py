@@ -104,6 +104,12 @@ def _set_precision(trt: ModuleType, config: Any, precision: str, error: type[Ets
     config.set_flag(getattr(flags, flag))
 
 
+def can_strip(trt: ModuleType) -> bool:
+    """Whether this TensorRT builds weight-stripped engines that its ONNX parser refits (10.0+)."""
+    flags = trt.BuilderFlag
+    return hasattr(flags, "STRIP_PLAN") and hasattr(flags, "REFIT_IDENTICAL") and hasattr(trt, "OnnxParserRefitter")
+
+
 def build(
     trt: ModuleType,
     model_path: Path,
@@ -113,10 +119,13 @@ def build(
     say: Say,
     error: type[EtsdkError],
     where: str = f"backend '{BACKEND_ID}'",
+    strip: bool = False,
 ) -> Any:
     """Build a serialized engine (``IHostMemory``) from the ONNX at ``model_path`` (weights beside it).
 
-    Failures raise ``error`` (ExportError at export, ProgramError at load) prefixed with ``where``.
+    ``strip``: leave the weights out of the plan (``STRIP_PLAN`` with ``REFIT_IDENTICAL``; :func:`can_strip`), to
+    be refitted at load from the same ONNX weights (:func:`refit`). Failures raise ``error`` (ExportError at
+    export, ProgramError at load) prefixed with ``where``.
     """
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
@@ -144,6 +153,9 @@ def build(
         for name in dynamic:
             profile.set_shape(name, shapes[name], shapes[name], shapes[name])
         config.add_optimization_profile(profile)
+    if strip:
+        config.set_flag(trt.BuilderFlag.STRIP_PLAN)
+        config.set_flag(trt.BuilderFlag.REFIT_IDENTICAL)
     monitor = _progress_monitor(trt, say) if options.progress else None
     if monitor is not None:
         config.progress_monitor = monitor
@@ -151,8 +163,20 @@ def build(
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
         raise error(f"{where}: TensorRT {trt.__version__} failed to build the engine (see TensorRT's log above)")
-    say(f"engine built: {serialized.nbytes} bytes")
+    say(f"engine built: {serialized.nbytes} bytes{' (weights stripped: refitted at load from the ONNX weights)' if strip else ''}")
     return serialized
+
+
+def refit(trt: ModuleType, found: Any, model_path: Path, *, error: type[EtsdkError], where: str) -> None:
+    """Give a weight-stripped engine its weights from the ONNX at ``model_path`` (weights beside it)."""
+    logger = trt.Logger(trt.Logger.WARNING)
+    refitter = trt.Refitter(found, logger)
+    parser = trt.OnnxParserRefitter(refitter, logger)
+    if not parser.refit_from_file(str(model_path)):
+        problems = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors)) or "no details"
+        raise error(f"{where}: refitting the weight-stripped engine from the blob's ONNX weights failed: {problems}")
+    if not refitter.refit_cuda_engine():
+        raise error(f"{where}: TensorRT {trt.__version__} could not refit the weight-stripped engine (see its log above)")
 
 
 # ----------------------------------------------------------------------------- cache

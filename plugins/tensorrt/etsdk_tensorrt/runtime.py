@@ -244,15 +244,13 @@ def _build_from_onnx(
     version: str,
     capability: str,
 ) -> tuple[bytes, str]:
-    import hashlib
     import tempfile
     from pathlib import Path
 
     record = description.onnx
     if record is None:
         raise BlobFormatError(f"{where}: the blob carries no ONNX")
-    if hashlib.sha256(onnx_graph).hexdigest() != record.sha256:
-        raise ProgramError(f"{where}: the blob's ONNX graph does not match its recorded SHA-256")
+    _check_graph(where, record, onnx_graph)
     options = BuildOptions(
         device=description.device,
         precision=str(description.build.get("precision", "fp32")),
@@ -277,23 +275,49 @@ def _build_from_onnx(
     def produce() -> Any:
         say(f"{where}: building the TensorRT engine for compute capability {capability} (cached for later loads)")
         with tempfile.TemporaryDirectory(prefix="etsdk-tensorrt-") as tmp:
-            model = Path(tmp) / "model.onnx"
-            model.write_bytes(onnx_graph)
-            if record.weights is not None:
-                weights = named_data.get(record.weights.key)
-                if weights.nbytes != record.weights.nbytes:
-                    raise ProgramError(
-                        f"{where}: the ONNX weights '{record.weights.key}' are {weights.nbytes} bytes, the blob says "
-                        f"{record.weights.nbytes}"
-                    )
-                (Path(tmp) / str(record.weights_location)).write_bytes(weights)
-            elif record.tensors:
-                _rebuild_weights(where, record.tensors, named_data, Path(tmp) / str(record.weights_location))
+            model = _onnx_files(where, record, onnx_graph, named_data, Path(tmp))
             shapes = {t.name: t.shape for t in description.inputs} | {s.input: s.shape for s in description.states}
             return engine.build(trt, model, options, shapes, say=say, error=ProgramError, where=where)
 
     data, _ = engine.cached(key, produce)
     return data, key
+
+
+def _check_graph(where: str, record: blob_format.OnnxRecord, onnx_graph: memoryview) -> None:
+    import hashlib
+
+    if hashlib.sha256(onnx_graph).hexdigest() != record.sha256:
+        raise ProgramError(f"{where}: the blob's ONNX graph does not match its recorded SHA-256")
+
+
+def _onnx_files(where: str, record: blob_format.OnnxRecord, onnx_graph: memoryview, named_data: Any, directory: Any) -> Any:
+    """The blob's ONNX graph and its weights file written into ``directory``; the graph's path."""
+    model = directory / "model.onnx"
+    model.write_bytes(onnx_graph)
+    if record.weights is not None:
+        weights = named_data.get(record.weights.key)
+        if weights.nbytes != record.weights.nbytes:
+            raise ProgramError(
+                f"{where}: the ONNX weights '{record.weights.key}' are {weights.nbytes} bytes, the blob says "
+                f"{record.weights.nbytes}"
+            )
+        (directory / str(record.weights_location)).write_bytes(weights)
+    elif record.tensors:
+        _rebuild_weights(where, record.tensors, named_data, directory / str(record.weights_location))
+    return model
+
+
+def _refit_stripped(where: str, trt: Any, found: Any, description: blob_format.BlobDescription, onnx_graph: Any, named_data: Any) -> None:
+    """A weight-stripped engine from the blob gets its weights from the blob's ONNX weights (the program's one copy)."""
+    import tempfile
+    from pathlib import Path
+
+    if description.onnx is None or onnx_graph is None:  # the blob reader refuses such a blob; kept for the types
+        raise BlobFormatError(f"{where}: a weight-stripped engine and no ONNX weights to refit it from")
+    _check_graph(where, description.onnx, onnx_graph)
+    with tempfile.TemporaryDirectory(prefix="etsdk-tensorrt-") as tmp:
+        model = _onnx_files(where, description.onnx, onnx_graph, named_data, Path(tmp))
+        engine.refit(trt, found, model, error=ProgramError, where=where)
 
 
 def _rebuild_weights(where: str, tensors: Sequence[blob_format.OnnxTensor], named_data: Any, path: Any) -> None:
@@ -395,6 +419,8 @@ class TensorRTBinding:
             engine.forget(key)  # a damaged cache entry: build once more
             data, key = _engine_bytes(where, description, onnx_graph, context.named_data, trt)
             runtime, found = _deserialize(where, trt, data)
+        if key is None and description.engine is not None and description.engine.stripped:  # the blob's own engine
+            _refit_stripped(where, trt, found, description, onnx_graph, context.named_data)
         located = cross_check(where, found, description)
         state_device = description.device != "cpu"
         for s in description.states:

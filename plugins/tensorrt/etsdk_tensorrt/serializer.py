@@ -77,7 +77,9 @@ def serialize(
         if build_at_export(options):  # before the weights move to named data: the parser reads them beside the graph
             trt = engine.import_tensorrt()
             shapes = {t.name: t.shape for t in partition.inputs} | {s.input: s.shape for s in partition.states}
-            serialized = engine.build(trt, partition.model_path, options, shapes, say=say, error=ExportError)
+            # with the ONNX kept, its weights are the program's copy: the engine is built without them and refitted
+            strip = options.keep_onnx and partition.weights_path is not None and engine.can_strip(trt)
+            serialized = engine.build(trt, partition.model_path, options, shapes, say=say, error=ExportError, strip=strip)
             plan = workdir / "engine.plan"
             with plan.open("wb") as f:
                 f.write(serialized)
@@ -85,7 +87,7 @@ def serialize(
             digest, size = sha256_file(plan), plan.stat().st_size
             data = blob_format.NamedBytes(named.add_file(plan, digest), size, digest)
             engine_record = blob_format.EngineRecord(
-                data, str(trt.__version__), device.compute_capability(), options.precision
+                data, str(trt.__version__), device.compute_capability(), options.precision, strip
             )
         keep_onnx = engine_record is None or options.keep_onnx
         tensors = store_initializers(partition, named) if keep_onnx and partition.weights_path is not None else ()

@@ -93,8 +93,9 @@ def test_prefill_cache_writes_are_tensor_scatter_aliases(mixed_pte: Path) -> Non
 
 
 def test_the_onnx_weights_are_the_weight_entries_aoti_decode_reads(mixed_pte: Path, model_dir: Path) -> None:
-    """Each ONNX initializer is a weight entry (``onnx.tensors``), the very entry AOTI's decode stores for that weight:
-    beside the engine TensorRT built at export (which holds its own copy), the program stores each weight once."""
+    """Each ONNX initializer is a weight entry (``onnx.tensors``), the very entry AOTI's decode stores for that weight,
+    and the engine TensorRT built at export holds none (weight-stripped, refitted from those entries at load: the
+    token tests of this module run it): the program stores each weight once."""
     from safetensors import safe_open
 
     (description,) = payloads_in(mixed_pte)
@@ -108,11 +109,12 @@ def test_the_onnx_weights_are_the_weight_entries_aoti_decode_reads(mixed_pte: Pa
     checkpoint_keys = {f"weights/{hashlib.sha256(w).hexdigest()}" for w in weights}
     matrices = [t for t in description.onnx.tensors if t.nbytes >= 4096]
     assert matrices and all(t.key in checkpoint_keys for t in matrices), "an initializer is not the model's own bytes"
-    assert description.engine is not None
+    assert description.engine is not None and description.engine.stripped
     stored = sum(size for key, size in entries.items() if key.startswith("weights/"))
     others = {key: size for key, size in entries.items() if not key.startswith(("weights/", "etsdk/program/"))}
     assert set(others) == {description.engine.data.key}, others  # no whole-file ONNX weights entry any more
     assert stored <= 1.05 * sum(len(w) for w in weights), (stored, sum(len(w) for w in weights))
+    assert others[description.engine.data.key] < 0.5 * stored  # the engine: its graph, not the weights
 
 
 def payloads_in(pte: Path) -> list[blob_format.BlobDescription]:

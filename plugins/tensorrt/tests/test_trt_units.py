@@ -159,3 +159,55 @@ def test_the_onnx_weights_file_is_rebuilt_from_its_entries_and_a_wrong_size_is_r
     entries[TENSORS[1].key] = memoryview(b"\x07" * 60)
     with pytest.raises(etsdk.ProgramError, match=r"method 'step': ONNX initializer 'w1' \('weights/b+'\) is 60 bytes, the blob says 64"):
         _rebuild_weights("method 'step'", TENSORS, entries, tmp_path / "model.onnx.data")
+
+
+def test_a_stripped_engine_needs_onnx_weights_to_refit_from() -> None:
+    import json
+
+    engine = blob_format.EngineRecord(blob_format.NamedBytes("e", 10, "0" * 64), "10.16.1", "8.9", "fp32", stripped=True)
+    with_weights = _description(engine=engine, onnx=blob_format.OnnxRecord(24, "0" * 64, None, "model.onnx.data", TENSORS))
+    payload = blob_format.write(with_weights, b"onnx-graph")
+    assert blob_format.read(payload)[0] == with_weights
+    assert "tensorrt.engine.stripped.v1" in etsdk.BlobReader.declared_features(payload)[0]
+    table = _description(engine=engine).to_json()  # its ONNX has no weights
+    writer = etsdk.BlobWriter(required_features=[blob_format.BLOB_FEATURE, blob_format.ENGINE_FEATURE,
+                                                 blob_format.ENGINE_STRIPPED_FEATURE, blob_format.ONNX_FEATURE])
+    writer.add_section(blob_format.JSON_SECTION, json.dumps(table).encode())
+    writer.add_section(blob_format.ONNX_SECTION, b"onnx-graph")
+    with pytest.raises(etsdk.BlobFormatError, match="a weight-stripped engine needs the ONNX weights to refit it from"):
+        blob_format.read(writer.to_bytes())
+
+
+def _onnx_with_weight(path: Path, weight: list[float]) -> Path:
+    """``y = x + w`` with ``w`` an initializer stored beside the graph (external data, as the exporter writes it)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    import numpy as np
+
+    w = numpy_helper.from_array(np.array(weight, dtype=np.float32), name="w")
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [len(weight)])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [len(weight)])], [w],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    onnx.save_model(model, str(path), save_as_external_data=True, location=path.name + ".data", size_threshold=0)
+    return path
+
+
+def test_a_weight_stripped_engine_runs_only_once_refitted_from_matching_weights(tmp_path: Path, standin: object) -> None:
+    from etsdk_tensorrt import engine
+
+    trt = engine.import_tensorrt()
+    assert engine.can_strip(trt)
+    built = _onnx_with_weight(tmp_path / "built.onnx", [1.0, 2.0, 3.0, 4.0])
+    plan = engine.build(trt, built, BuildOptions(device="cpu"), {}, say=lambda _: None, error=etsdk.ProgramError, strip=True)
+    assert b"\x00\x00\x80?" not in bytes(plan)  # 1.0f: the weights are not in the plan
+    found = trt.Runtime(trt.Logger()).deserialize_cuda_engine(plan)
+    assert not found.create_execution_context().execute_async_v3(0)  # not refitted: refuses to run
+    wrong = _onnx_with_weight(tmp_path / "wrong.onnx", [1.0, 2.0, 3.0])
+    with pytest.raises(etsdk.ProgramError, match="method 'm': refitting the weight-stripped engine .* failed: .*weights 'w': count or type differs"):
+        engine.refit(trt, found, wrong, error=etsdk.ProgramError, where="method 'm'")
+    engine.refit(trt, found, built, error=etsdk.ProgramError, where="method 'm'")
+    assert not found._weightless  # the stand-in's record of values still missing

@@ -11,6 +11,13 @@ on the CPU:
   then the ONNX model with its weights. The parser refuses ONNX that does not
   pass ``onnx.checker``, and ``TensorScatter`` below version 10.15 (as the real
   parser lacked it).
+* ``BuilderFlag.STRIP_PLAN`` (with ``REFIT`` or ``REFIT_IDENTICAL``; refused
+  alone) builds a weight-stripped engine: every initializer's values are left
+  out of the plan (names, dtypes and shapes kept). ``Refitter`` and
+  ``OnnxParserRefitter.refit_from_file`` give them back from an ONNX file, each
+  by name and checked against its dtype and shape (errors reported like the
+  parser's); ``Refitter.refit_cuda_engine`` returns False while one is missing.
+  A stripped engine that was not refitted refuses to execute.
 * ``Runtime.deserialize_cuda_engine`` returns ``None`` (after logging an error)
   for bytes that are not such an engine, or are stamped for another version or
   compute capability, as TensorRT does.
@@ -43,7 +50,8 @@ Limits (what is *not* like TensorRT):
   run, i.e. as if the engine read every input before writing that output.
   TensorRT gives no such guarantee for layers other than its KV-cache update.
 * No ``IOutputAllocator``, no dynamic output shapes, no DLA, no plugins, no
-  refit, no timing or engine caches, no ``execute_v2``.
+  timing or engine caches, no ``execute_v2``. Refit is only from an ONNX file
+  (no ``set_named_weights``), and every initializer counts as refittable.
 * ``STANDIN`` (below) configures what a real installation would decide: the
   version, the GPU's compute capability, tensor locations, and deliberate
   corruption of the I/O an engine reports (to test that bindings refuse it).
@@ -125,6 +133,8 @@ class BuilderFlag(enum.Enum):
     DISABLE_TIMING_CACHE = 6
     TF32 = 7
     BF16 = 17
+    REFIT_IDENTICAL = 18
+    STRIP_PLAN = 19
 
 
 class MemoryPoolType(enum.Enum):
@@ -374,15 +384,33 @@ class Builder:
                     self.logger.log(ILogger.ERROR, "build cancelled by the progress monitor")
                     return None
                 monitor.phase_finish(phase)
+        stripped = BuilderFlag.STRIP_PLAN in config._flags
+        if stripped and not {BuilderFlag.REFIT, BuilderFlag.REFIT_IDENTICAL} & config._flags:
+            self.logger.log(ILogger.ERROR, "kSTRIP_PLAN needs kREFIT or kREFIT_IDENTICAL: a stripped plan must be refittable")
+            return None
         STANDIN.builds += 1
         header = json.dumps(
             {
                 "version": __version__,
                 "compute_capability": STANDIN.compute_capability,
                 "flags": sorted(f.name for f in config._flags),
+                "stripped": stripped,
             }
         ).encode()
-        return IHostMemory(_MAGIC + _HEADER.pack(len(header)) + header + network._model.SerializeToString())
+        model = _without_weights(network._model) if stripped else network._model
+        return IHostMemory(_MAGIC + _HEADER.pack(len(header)) + header + model.SerializeToString())
+
+
+def _without_weights(model: Any) -> Any:
+    """A copy of ``model`` whose initializers keep their name, dtype and shape but no values."""
+    import onnx
+
+    stripped = onnx.ModelProto()
+    stripped.CopyFrom(model)
+    for tensor in stripped.graph.initializer:
+        bare = onnx.TensorProto(name=tensor.name, data_type=tensor.data_type, dims=list(tensor.dims))
+        tensor.CopyFrom(bare)
+    return stripped
 
 
 # ----------------------------------------------------------------------------- running
@@ -416,7 +444,7 @@ class Runtime:
                 f"{STANDIN.compute_capability} got compute {header['compute_capability']}, please rebuild.",
             )
             return None
-        return ICudaEngine(onnx.load_from_string(data[start + length :]))
+        return ICudaEngine(onnx.load_from_string(data[start + length :]), weightless=bool(header.get("stripped")))
 
 
 @dataclass
@@ -431,8 +459,10 @@ class _IO:
 
 
 class ICudaEngine:
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, weightless: bool = False) -> None:
         self._model = model
+        #: a weight-stripped plan not refitted yet: these initializers have no values
+        self._weightless = {t.name for t in model.graph.initializer} if weightless else set()
         producers = {out: node for node in model.graph.node for out in node.output}
         graph_inputs = {v.name for v in model.graph.input}
         self._io: list[_IO] = []
@@ -558,6 +588,9 @@ class IExecutionContext:
         import numpy as np
 
         engine = self.engine
+        if engine._weightless:
+            self.logger.log(ILogger.ERROR, "enqueueV3: the engine's weights were stripped from its plan and it was not refitted")
+            return False
         unset = [io.name for io in engine._io if not self._addresses.get(io.name)]
         if unset:
             self.logger.log(ILogger.ERROR, f"enqueueV3: tensor(s) {unset} have no address set")
@@ -617,3 +650,64 @@ def _nbytes(dtype: DataType, shape: Any) -> int:
     for d in shape:
         count *= int(d)
     return count * np.dtype(_NUMPY[dtype]).itemsize
+
+
+# ----------------------------------------------------------------------------- refit
+
+
+class Refitter:
+    """Weights for an engine, given by name, applied by :meth:`refit_cuda_engine`."""
+
+    def __init__(self, engine: ICudaEngine, logger: ILogger) -> None:
+        self.engine, self.logger = engine, logger
+        self._pending: dict[str, Any] = {}
+
+    def refit_cuda_engine(self) -> bool:
+        missing = sorted(self.engine._weightless - set(self._pending))
+        if missing:
+            self.logger.log(ILogger.ERROR, f"refitCudaEngine: missing weights for {missing}")
+            return False
+        for tensor in self.engine._model.graph.initializer:
+            if tensor.name in self._pending:
+                tensor.CopyFrom(self._pending[tensor.name])
+        self.engine._weightless = set()
+        self.engine._session = None
+        self._pending.clear()
+        return True
+
+
+class OnnxParserRefitter:
+    """Refits an engine's weights from the ONNX model it was built from (``refit_from_file``)."""
+
+    def __init__(self, refitter: Refitter, logger: ILogger) -> None:
+        self.refitter, self.logger = refitter, logger
+        self._errors: list[_ParserError] = []
+
+    @property
+    def num_errors(self) -> int:
+        return len(self._errors)
+
+    def get_error(self, index: int) -> _ParserError:
+        return self._errors[index]
+
+    def clear_errors(self) -> None:
+        self._errors.clear()
+
+    def refit_from_file(self, onnx_model_file: str) -> bool:
+        import onnx
+
+        try:
+            proto = onnx.load(onnx_model_file, load_external_data=True)
+        except Exception as exc:  # noqa: BLE001 - reported like the real parser: as an error, not a raise
+            self._errors.append(_ParserError(f"cannot read {onnx_model_file}: {exc}"))
+            return False
+        wanted = {t.name: t for t in self.refitter.engine._model.graph.initializer}
+        for tensor in proto.graph.initializer:
+            known = wanted.get(tensor.name)
+            if known is None:
+                continue
+            if (known.data_type, list(known.dims)) != (tensor.data_type, list(tensor.dims)):
+                self._errors.append(_ParserError(f"weights '{tensor.name}': count or type differs from the engine's"))
+                return False
+            self.refitter._pending[tensor.name] = tensor
+        return True
