@@ -36,6 +36,21 @@ def hf_generate(model: Any, prompt: Sequence[int], new: int) -> tuple[list[int],
     return out.sequences[0, len(prompt):].tolist(), min(margins)
 
 
+def assert_generates_like(runner: Any, model: Any, lengths: Sequence[int], new: int, seed: int) -> None:
+    """``runner`` generates transformers' greedy tokens of ``model`` for prompts of ``lengths`` (those whose top-1
+    margin is clear: at least two of them)."""
+    compared = 0
+    for length in lengths:
+        prompt = prompt_of(length, seed=seed)
+        expected, margin = hf_generate(model, prompt, new)
+        if margin < MARGIN:
+            continue
+        got = runner.new_conversation().generate(prompt, max_new_tokens=new, stop_at_eos=False).token_ids
+        assert list(got) == expected, f"prompt of {length}: {got} != transformers {expected}"
+        compared += 1
+    assert compared >= 2, "too few prompts with a clear top-1 margin to compare"
+
+
 def prompt_of(length: int, seed: int = 0) -> list[int]:
     generator = torch.Generator().manual_seed(1000 + length + seed)
     return torch.randint(3, VOCAB, (length,), generator=generator).tolist()

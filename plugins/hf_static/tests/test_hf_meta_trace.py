@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import MARGIN, T, hf_generate, prompt_of
+from conftest import T, assert_generates_like
 from etsdk import ExportError
 from etsdk_hf_static.exporter import export
 from etsdk_hf_static.runner import HfStaticRunner
@@ -32,17 +32,7 @@ def test_equals_the_model_in_memory_byte_for_byte_and_generates_its_tokens(model
     export(in_memory, tmp_path / "memory.pte", backend="reference", prefill_length=T, context_length=S, quiet=True)
     export(model_dir, tmp_path / "meta.pte", backend="reference", prefill_length=T, context_length=S, meta_trace=True, quiet=True)
     assert (tmp_path / "meta.pte").read_bytes() == (tmp_path / "memory.pte").read_bytes()
-    runner = HfStaticRunner.from_file(tmp_path / "meta.pte")
-    compared = 0
-    for length in (1, T + 3, 2 * T + 1):
-        prompt = prompt_of(length, seed=9)
-        expected, margin = hf_generate(in_memory, prompt, NEW)
-        if margin < MARGIN:
-            continue
-        got = runner.new_conversation().generate(prompt, max_new_tokens=NEW, stop_at_eos=False).token_ids
-        assert list(got) == expected, f"prompt of {length}: {got} != transformers {expected}"
-        compared += 1
-    assert compared >= 2, "too few prompts with a clear top-1 margin to compare"
+    assert_generates_like(HfStaticRunner.from_file(tmp_path / "meta.pte"), in_memory, (1, T + 3, 2 * T + 1), NEW, seed=9)
 
 
 def _refused(model: object, tmp_path: Path, match: str, **options: object) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import MARGIN, T, hf_generate, prompt_of
+from conftest import T, assert_generates_like
 from etsdk_hf_static.exporter import checkpoint_dtype, export
 from etsdk_hf_static.runner import HfStaticRunner
 from etsdk_hf_static.tiny import save_tiny_model
@@ -94,17 +94,7 @@ def test_a_16bit_program_generates_what_transformers_generates_from_the_upcast_w
     half_dirs: dict[str, Path], programs: dict[str, Path], program: str
 ) -> None:
     reference = _upcast(half_dirs[program.removesuffix("-meta")])
-    runner = HfStaticRunner.from_file(programs[program])
-    compared = 0
-    for length in (1, T + 3, 2 * T + 1):
-        prompt = prompt_of(length, seed=5)
-        expected, margin = hf_generate(reference, prompt, NEW)
-        if margin < MARGIN:
-            continue
-        got = runner.new_conversation().generate(prompt, max_new_tokens=NEW, stop_at_eos=False).token_ids
-        assert list(got) == expected, f"prompt of {length}: {got} != transformers {expected}"
-        compared += 1
-    assert compared >= 2, "too few prompts with a clear top-1 margin to compare"
+    assert_generates_like(HfStaticRunner.from_file(programs[program]), reference, (1, T + 3, 2 * T + 1), NEW, seed=5)
 
 
 def test_the_program_stores_the_checkpoint_bytes_once_at_half_the_float32_size(

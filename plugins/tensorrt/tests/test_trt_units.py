@@ -180,10 +180,9 @@ def test_a_stripped_engine_needs_onnx_weights_to_refit_from() -> None:
 
 def _onnx_with_weight(path: Path, weight: list[float]) -> Path:
     """``y = x + w`` with ``w`` an initializer stored beside the graph (external data, as the exporter writes it)."""
+    import numpy as np
     import onnx
     from onnx import TensorProto, helper, numpy_helper
-
-    import numpy as np
 
     w = numpy_helper.from_array(np.array(weight, dtype=np.float32), name="w")
     graph = helper.make_graph(

@@ -252,9 +252,10 @@ class _ParserError:
         return f"In node -1 with name:  and operator:  (parse): {self._desc}"
 
 
-class OnnxParser:
-    def __init__(self, network: INetworkDefinition, logger: ILogger) -> None:
-        self.network, self.logger = network, logger
+class _Errors:
+    """The parsers' error list (``num_errors``, ``get_error``, ``clear_errors``) and reading an ONNX file into it."""
+
+    def __init__(self) -> None:
         self._errors: list[_ParserError] = []
 
     @property
@@ -267,15 +268,25 @@ class OnnxParser:
     def clear_errors(self) -> None:
         self._errors.clear()
 
-    def parse_from_file(self, model: str) -> bool:
+    def _load(self, model: str) -> Any:
+        """The ONNX at ``model`` with its external weights, or None with the failure reported as an error."""
         import onnx
 
         try:
-            proto = onnx.load(model, load_external_data=True)
+            return onnx.load(model, load_external_data=True)
         except Exception as exc:  # noqa: BLE001 - reported like the real parser: as an error, not a raise
             self._errors.append(_ParserError(f"cannot read {model}: {exc}"))
-            return False
-        return self._parse(proto)
+            return None
+
+
+class OnnxParser(_Errors):
+    def __init__(self, network: INetworkDefinition, logger: ILogger) -> None:
+        super().__init__()
+        self.network, self.logger = network, logger
+
+    def parse_from_file(self, model: str) -> bool:
+        proto = self._load(model)
+        return proto is not None and self._parse(proto)
 
     def parse(self, model: bytes, path: str | None = None) -> bool:
         import onnx
@@ -676,30 +687,16 @@ class Refitter:
         return True
 
 
-class OnnxParserRefitter:
+class OnnxParserRefitter(_Errors):
     """Refits an engine's weights from the ONNX model it was built from (``refit_from_file``)."""
 
     def __init__(self, refitter: Refitter, logger: ILogger) -> None:
+        super().__init__()
         self.refitter, self.logger = refitter, logger
-        self._errors: list[_ParserError] = []
-
-    @property
-    def num_errors(self) -> int:
-        return len(self._errors)
-
-    def get_error(self, index: int) -> _ParserError:
-        return self._errors[index]
-
-    def clear_errors(self) -> None:
-        self._errors.clear()
 
     def refit_from_file(self, onnx_model_file: str) -> bool:
-        import onnx
-
-        try:
-            proto = onnx.load(onnx_model_file, load_external_data=True)
-        except Exception as exc:  # noqa: BLE001 - reported like the real parser: as an error, not a raise
-            self._errors.append(_ParserError(f"cannot read {onnx_model_file}: {exc}"))
+        proto = self._load(onnx_model_file)
+        if proto is None:
             return False
         wanted = {t.name: t for t in self.refitter.engine._model.graph.initializer}
         for tensor in proto.graph.initializer:
