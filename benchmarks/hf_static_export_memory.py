@@ -18,7 +18,9 @@ Last line: JSON with ``weights_bytes``, ``baseline_rss_bytes``, ``peak_rss_bytes
 ``checkpoint_dtype`` (null without ``--checkpoint``), ``quantize`` (``--quantize FORMAT``: the export quantizes
 the linear layers as ``etsdk export --quantize FORMAT`` does; null without), ``meta_trace`` (``--meta-trace``, with
 a checkpoint: the export builds the model on the meta device and binds the checkpoint's weights after tracing, as
-``etsdk export --meta-trace`` does), ``checkpoint_bytes``, ``baseline_anon_bytes``,
+``etsdk export --meta-trace`` does), ``prefill_backend`` (``--prefill-backend tensorrt``: prefill through
+etsdk-tensorrt's ONNX, its engine built at load, decode through etsdk-aoti: ``bytes_written`` then says whether the
+two backends store the weights once; default ``aoti``), ``checkpoint_bytes``, ``baseline_anon_bytes``,
 ``peak_anon_bytes`` and ``peak_anon_over_baseline_per_weight``.
 
 ``--shape NAME`` (repeatable: ``smollm2-360m``, ``llama-3.2-1b``, ``llama-3.2-3b``, ``llama-3.1-8b``): a sweep over
@@ -226,8 +228,11 @@ def measure(args: argparse.Namespace, source: Any, checkpoint_bytes: int | None,
     sys.stderr = recorder = _StageRecorder(stderr, stages, seconds)  # type: ignore[assignment]
     try:
         with _AnonPeak() as anon:
-            written = export(source, output, backend="aoti", prefill_length=32, context_length=256,
-                             partitioner_options={"EtsdkAotiBackend": {"device": "cpu"}}, quiet=False,
+            options: dict[str, dict[str, Any]] = {"EtsdkAotiBackend": {"device": "cpu"}}
+            if args.prefill_backend == "tensorrt":  # no TensorRT here: the ONNX is kept and the engine built at load
+                options["tensorrt"] = {"device": "cpu", "build": "load"}
+            written = export(source, output, backend="aoti", prefill_backend=args.prefill_backend, prefill_length=32,
+                             context_length=256, partitioner_options=options, quiet=False,
                              quantization=QuantizationPlan.for_format(args.quantize) if args.quantize else None,
                              meta_trace=args.meta_trace)
     finally:
@@ -243,6 +248,7 @@ def measure(args: argparse.Namespace, source: Any, checkpoint_bytes: int | None,
         "checkpoint_dtype": args.checkpoint,
         "quantize": args.quantize,
         "meta_trace": args.meta_trace,
+        "prefill_backend": args.prefill_backend,
         "checkpoint_bytes": checkpoint_bytes,
         "baseline_anon_bytes": baseline_anon,
         "peak_anon_bytes": anon.peak,
@@ -295,7 +301,7 @@ def sweep(args: argparse.Namespace) -> None:
                   f"{time.perf_counter() - started:.0f}s", file=sys.stderr)
             command = [sys.executable, __file__, "--export-checkpoint", str(checkpoint), "--output", str(program),
                        "--checkpoint", args.checkpoint, *(["--quantize", args.quantize] if args.quantize else []),
-                       *(["--meta-trace"] if args.meta_trace else [])]
+                       *(["--meta-trace"] if args.meta_trace else []), "--prefill-backend", args.prefill_backend]
             group = None
             if args.memory_cap:
                 from etsdk.testing import memory_cgroup
@@ -313,7 +319,9 @@ def sweep(args: argparse.Namespace) -> None:
                 if group is not None:
                     group.remove()
             shutil.rmtree(checkpoint)  # before generating: the disk holds one model at a time
-            ids, generate_seconds = _generate(program, args.generate) if args.generate else ([], None)
+            # a TensorRT prefill needs TensorRT to run: the program is only measured
+            runs_here = args.generate and args.prefill_backend == "aoti"
+            ids, generate_seconds = _generate(program, args.generate) if runs_here else ([], None)
             figures.update(
                 shape=name, parameters=wrote["parameters"], memory_cap_bytes=args.memory_cap, cgroup_peak_bytes=cgroup_peak,
                 generated=ids, generate_seconds=generate_seconds,
@@ -360,6 +368,9 @@ def main() -> None:
     parser.add_argument("--meta-trace", action="store_true",
                         help="with --checkpoint or --shape: build the model on the meta device, bind the checkpoint's "
                              "weights after tracing (etsdk export --meta-trace)")
+    parser.add_argument("--prefill-backend", choices=("aoti", "tensorrt"), default="aoti",
+                        help="the prefill method's backend (tensorrt: its ONNX kept, the engine built at load; decode "
+                             "stays on aoti)")
     parser.add_argument("--memory-cap", type=_bytes, default=None,
                         help="with --shape: export inside a memory cgroup of this many bytes (e.g. 4GiB; needs root)")
     parser.add_argument("--generate", type=int, default=4, help="with --shape: greedy tokens the program generates (0: none)")

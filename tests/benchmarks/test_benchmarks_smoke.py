@@ -147,6 +147,7 @@ EXPECTED_KEYS: dict[str, set[str]] = {
         "peak_rss_over_checkpoint",
         "quantize",
         "meta_trace",
+        "prefill_backend",
     },
 }
 
@@ -165,6 +166,7 @@ VARIANTS = [
     ("hf_static_decode", ["--weights-dtype", "bfloat16"]),  # 16-bit weights beside the float32 program
     # export from a checkpoint directory, the model built on the meta device (the default load: the --shape run)
     ("hf_static_export_memory", ["--checkpoint", "bfloat16", "--meta-trace"]),
+    ("hf_static_export_memory", ["--prefill-backend", "tensorrt"]),  # TensorRT prefill's ONNX beside AOTI decode
     # the shape sweep (checkpoint writer, export with quantization into a spill, generate)
     ("hf_static_export_memory", ["--shape", "smollm2-360m", "--quantize", "int8"]),
 ]
