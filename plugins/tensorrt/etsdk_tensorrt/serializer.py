@@ -125,15 +125,14 @@ def store_initializers(partition: onnx_export.OnnxPartition, named: NamedDataSin
     stored = []
     with partition.weights_path.open("rb") as f:
         for name, offset, nbytes in partition.external:
-            digest = hashlib.sha256()
-            for start in range(0, nbytes, _CHUNK):
-                digest.update(os.pread(f.fileno(), min(_CHUNK, nbytes - start), offset + start))
             source = partition.constants.get(name)
-            same = (
-                source is not None
-                and source.numel() * source.element_size() == nbytes
-                and named.weight_key(source) == WEIGHTS_NAMESPACE + digest.hexdigest()
-            )
+            if source is not None and source.numel() * source.element_size() == nbytes:  # a candidate: compare
+                digest = hashlib.sha256()
+                for start in range(0, nbytes, _CHUNK):
+                    digest.update(os.pread(f.fileno(), min(_CHUNK, nbytes - start), offset + start))
+                same = named.weight_key(source) == WEIGHTS_NAMESPACE + digest.hexdigest()
+            else:
+                same = False
             if same:
                 key = named.add_weight(source)
             else:

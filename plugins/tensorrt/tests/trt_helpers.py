@@ -10,19 +10,14 @@ from etsdk_tensorrt import blob_format
 
 
 def onnx_files(captured: Any, directory: Path) -> tuple[Path, blob_format.BlobDescription]:
-    """Write a captured delegate's ONNX graph and its weights (from named data) into ``directory``."""
+    """Write a captured delegate's ONNX graph and its weights (from named data) into ``directory``, as the runtime
+    does before it builds an engine."""
+    from etsdk_tensorrt.runtime import _onnx_files
+
     description, graph = blob_format.read(captured.payload)
     assert description.onnx is not None and graph is not None
-    path = directory / "model.onnx"
-    path.write_bytes(bytes(graph))
-    if description.onnx.weights is not None:
-        (directory / str(description.onnx.weights_location)).write_bytes(captured.named_data[description.onnx.weights.key])
-    if description.onnx.tensors:  # each initializer's weight entry at its offset
-        with (directory / str(description.onnx.weights_location)).open("wb") as f:
-            for tensor in description.onnx.tensors:
-                f.seek(tensor.offset)
-                f.write(captured.named_data[tensor.key])
-    return path, description
+    entries = {key: memoryview(data) for key, data in captured.named_data.items()}
+    return _onnx_files("captured", description.onnx, graph, entries, directory), description
 
 
 def run_onnx(path: Path, feeds: dict[str, Any]) -> dict[str, np.ndarray]:
