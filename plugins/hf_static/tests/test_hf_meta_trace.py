@@ -27,9 +27,17 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_tiny_model(tmp_path_factory.mktemp("meta-trace") / "model", "llama", **TINY)
 
 
-def test_equals_the_model_in_memory_byte_for_byte_and_generates_its_tokens(model_dir: Path, tmp_path: Path) -> None:
+def test_equals_the_model_in_memory_byte_for_byte_and_generates_its_tokens(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     in_memory = tiny_model("llama", **TINY)  # the very model save_tiny_model wrote (same seed): every weight resident
     export(in_memory, tmp_path / "memory.pte", backend="reference", prefill_length=T, context_length=S, quiet=True)
+    from transformers import AutoModelForCausalLM
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("meta_trace loaded the model through transformers")
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", never)  # transformers never loads the weights
     export(model_dir, tmp_path / "meta.pte", backend="reference", prefill_length=T, context_length=S, meta_trace=True, quiet=True)
     assert (tmp_path / "meta.pte").read_bytes() == (tmp_path / "memory.pte").read_bytes()
     assert_generates_like(HfStaticRunner.from_file(tmp_path / "meta.pte"), in_memory, (1, T + 3, 2 * T + 1), NEW, seed=9)
