@@ -83,6 +83,7 @@ def test_values_are_checked_before_tracing() -> None:
     assert "(stride [1, 8]); the module describes float32 [8, 8] (stride [8, 1])" in _refusal({**values, "mix.weight": transposed})
     assert "weights['mix.bias'] must be a CPU tensor, found list" in _refusal({**values, "mix.bias": [0.0] * 8})  # type: ignore[dict-item]
     assert "no parameter or buffer of the methods' modules is on the meta device" in _refusal(values, module=real)
+    assert "takes a mapping of tensor name -> tensor, found list" in _refusal(list(values.values()))  # type: ignore[arg-type]
 
 
 def test_module_restored_when_tracing_fails() -> None:

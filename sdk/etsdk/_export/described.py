@@ -81,6 +81,8 @@ def described_weights(modules: Mapping[str, Any], weights: Mapping[str, Any] | N
             f"{len(tensors)} parameter(s) / buffer(s) of the module are on the meta device (e.g. '{names[0]}', "
             f"{_layout(tensor)}): give their values with lower(weights={{name: tensor}})"
         )
+    if not isinstance(weights, Mapping):
+        raise ExportError(f"lower(weights=...) takes a mapping of tensor name -> tensor, found {type(weights).__name__}")
     values: dict[str, Any] = {}
     for tensor, names in tensors.values():
         given = next((n for n in names if n in weights), None)
