@@ -72,11 +72,13 @@ LINEAR_FEATURE = "aoti.kernels.linear.v1"
 LINEAR16_FEATURE = "aoti.kernels.linear16.v1"
 #: the library calls the int8-activation product of the ``:a8`` formats (``aoti_torch_cpu_etsdk_qmm_a8``)
 QMM_A8_FEATURE = "aoti.kernels.qmm_a8.v1"
+#: ... and its form for several weights that read the same input (``aoti_torch_cpu_etsdk_qmm_a8_fused``)
+QMM_A8_FUSED_FEATURE = "aoti.kernels.qmm_a8_fused.v1"
 #: constants read from their own named-data entries or derived at load (sources "entry" / "derived")
 NAMED_CONSTANTS_FEATURE = "aoti.named_constants.v1"
 KNOWN_FEATURES = frozenset(
     {BLOB_FEATURE, STATE_INPUTS_FEATURE, NAMED_CONSTANTS_FEATURE, KERNELS_FEATURE, ATTENTION_FEATURE, ATTENTION_INT8_FEATURE, LINEAR_FEATURE,
-     LINEAR16_FEATURE, QMM_A8_FEATURE}
+     LINEAR16_FEATURE, QMM_A8_FEATURE, QMM_A8_FUSED_FEATURE}
 )
 
 PRODUCER = "etsdk-aoti"
@@ -177,11 +179,16 @@ class AotiBlob:
     calls_linear16: bool = False
     #: the library calls the ``:a8`` formats' product (feature ``aoti.kernels.qmm_a8.v1``)
     calls_qmm_a8: bool = False
+    #: ... in its form for several weights that read the same input (feature ``aoti.kernels.qmm_a8_fused.v1``)
+    calls_qmm_a8_fused: bool = False
 
     @property
     def calls_native(self) -> bool:
         """Whether the library calls into etsdk-aoti's kernels library (which must be loaded first)."""
-        return self.calls_kernels or self.calls_attention or self.calls_attention_int8 or self.calls_linear or self.calls_qmm_a8
+        return (
+            self.calls_kernels or self.calls_attention or self.calls_attention_int8 or self.calls_linear or self.calls_qmm_a8
+            or self.calls_qmm_a8_fused
+        )
 
     def required_features(self) -> list[str]:
         features = [BLOB_FEATURE]
@@ -201,6 +208,8 @@ class AotiBlob:
             features.append(LINEAR16_FEATURE)
         if self.calls_qmm_a8:
             features.append(QMM_A8_FEATURE)
+        if self.calls_qmm_a8_fused:
+            features.append(QMM_A8_FUSED_FEATURE)
         return features
 
     @property
@@ -317,6 +326,7 @@ def decode(payload: memoryview | bytes, *, state_bindings: int | None = None) ->
         config, constants, library, calls_kernels=KERNELS_FEATURE in features, calls_attention=ATTENTION_FEATURE in features,
         calls_attention_int8=ATTENTION_INT8_FEATURE in features, calls_linear=LINEAR_FEATURE in features,
         calls_linear16=LINEAR16_FEATURE in features, calls_qmm_a8=QMM_A8_FEATURE in features,
+        calls_qmm_a8_fused=QMM_A8_FUSED_FEATURE in features,
     )
 
 

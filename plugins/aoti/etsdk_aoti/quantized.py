@@ -2,7 +2,8 @@
 
 Every ``etsdk::linear_q`` becomes a call of :data:`etsdk_aoti.kernels.QMM` (the
 native kernels read the packed bytes; :data:`~etsdk_aoti.kernels.QMM_A8` for the
-int8-activation ``:a8`` formats, blob feature ``aoti.kernels.qmm_a8.v1``), every ``etsdk::embedding_q`` a row
+int8-activation ``:a8`` formats, blob feature ``aoti.kernels.qmm_a8.v1``; the ``:a8`` products that read the
+same input merged into one call of :data:`~etsdk_aoti.kernels.QMM_A8_FUSED`, feature ``aoti.kernels.qmm_a8_fused.v1``), every ``etsdk::embedding_q`` a row
 gather and a dequantization that Inductor generates. The kernels read the
 planes layout with float32 scales; a weight stored otherwise (GGUF blocks,
 float16 / bfloat16 scales) gets the planes it needs as new constants of the
@@ -18,6 +19,7 @@ export.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +30,7 @@ from etsdk.backend import WeightFormat, WeightLayout, WeightUse, call_arguments,
 
 from etsdk_aoti import kernels
 
-__all__ = ["Derived", "check_device", "derive_planes", "linear", "linear_a8", "rewrite_quantized"]
+__all__ = ["Derived", "check_device", "derive_planes", "fuse_shared_inputs", "linear", "linear_a8", "linear_a8_fused", "rewrite_quantized"]
 
 PLANES = ("qdata", "scales", "mins")
 
@@ -68,6 +70,50 @@ def linear(x: torch.Tensor, qdata: torch.Tensor, scales: torch.Tensor, mins: Any
 def linear_a8(x: torch.Tensor, qdata: torch.Tensor, scales: torch.Tensor, mins: Any, bias: Any, group: int) -> torch.Tensor:
     """``x @ w.T + bias`` for the ``:a8`` formats (4-bit weights, ``x`` rounded to int8 per block of 32)."""
     return _on_rows(x, qdata.shape[0], bias, lambda flat, b: kernels.QMM_A8(flat, qdata, scales, mins, b, group))
+
+
+def linear_a8_fused(
+    x: torch.Tensor, qdata: list[torch.Tensor], scales: list[torch.Tensor], mins: list[torch.Tensor], bias: list[torch.Tensor], group: int
+) -> tuple[torch.Tensor, ...]:
+    """:func:`linear_a8` of several weights that read the same ``x`` (``mins`` / ``bias``: one per weight or none),
+    in one kernel call: one output per weight."""
+    rows = [int(q.shape[0]) for q in qdata]
+    flat = x.reshape(-1, x.shape[-1]).to(torch.float32).contiguous()
+    out = kernels.QMM_A8_FUSED(flat, qdata, scales, mins, [b.to(torch.float32) for b in bias], group)
+    return tuple(out.reshape(*x.shape[:-1], sum(rows)).to(x.dtype).split(rows, dim=-1))
+
+
+def fuse_shared_inputs(graph: torch.fx.Graph) -> int:
+    """Merge the :func:`linear_a8` calls that read the same input (a layer's query / key / value products, its
+    gate / up ones) into one :func:`linear_a8_fused` each; the number of calls merged.
+
+    A decode step's 4-bit products are short (tens of microseconds): the start of the kernels' thread team, the
+    output's allocation and the input's rounding to int8 are paid per call, so three calls in one pay them once.
+    Calls merge when their group size and their having minimums and biases agree (the kernel's one loop)."""
+    sharing: dict[tuple[Any, ...], list[torch.fx.Node]] = {}
+    for node in graph.nodes:
+        if node.op != "call_function" or node.target is not linear_a8:
+            continue
+        x, qdata, scales, mins, bias, group = node.args
+        if all(a is None or getattr(a, "op", None) == "get_attr" for a in (qdata, scales, mins, bias)):
+            sharing.setdefault((x, group, mins is None, bias is None), []).append(node)
+    merged = 0
+    for (x, group, _, _), calls in sharing.items():
+        if len(calls) < 2:
+            continue
+        with graph.inserting_before(calls[0]):
+            # the constants read again here: a later call's own get_attr nodes may come after the first call
+            constants = [
+                [graph.get_attr(str(arg.target)) for arg in (call.args[position] for call in calls) if isinstance(arg, torch.fx.Node)]
+                for position in (1, 2, 3, 4)
+            ]
+            fused = graph.call_function(linear_a8_fused, (x, *constants, group))
+            for i, call in enumerate(calls):
+                call.replace_all_uses_with(graph.call_function(operator.getitem, (fused, i)))
+        for call in calls:
+            graph.erase_node(call)
+        merged += len(calls)
+    return merged
 
 
 def _embedding(qdata: torch.Tensor, scales: torch.Tensor, mins: Any, indices: torch.Tensor, bits: int, group: int, dtype: torch.dtype) -> torch.Tensor:
@@ -159,6 +205,7 @@ def rewrite_quantized(module: torch.fx.GraphModule) -> dict[str, Derived]:
             node.args = (args["qdata"], args["scales"], args["mins"], indices, fmt.bits, group, dtype)
         node.kwargs = {}
     if index:
+        fuse_shared_inputs(graph)
         graph.eliminate_dead_code()
         graph.lint()
         module.recompile()

@@ -50,6 +50,7 @@ from etsdk_aoti.partitioner import DEVICE_SPEC, KERNEL_THREADS_SPEC
 from etsdk_aoti.quantized import Derived, check_device, rewrite_quantized
 from etsdk_aoti.quantized import linear as _qmm_linear
 from etsdk_aoti.quantized import linear_a8 as _qmm_linear_a8
+from etsdk_aoti.quantized import linear_a8_fused as _qmm_linear_a8_fused
 
 INDUCTOR_OPTIONS = {
     "aot_inductor.package": True,
@@ -275,6 +276,10 @@ class Compiled:
     def calls_qmm_a8(self) -> bool:
         return any(node.target is _qmm_linear_a8 for node in self.module.graph.nodes if node.op == "call_function")
 
+    @property
+    def calls_qmm_a8_fused(self) -> bool:
+        return any(node.target is _qmm_linear_a8_fused for node in self.module.graph.nodes if node.op == "call_function")
+
 
 def compile_partition(
     edge_program: Any,
@@ -314,6 +319,8 @@ def compile_partition(
         shims[kernels.QMM] = [kernels.C_SHIM]
     if _qmm_linear_a8 in targets:
         shims[kernels.QMM_A8] = [kernels.QMM_A8_C_SHIM]
+    if _qmm_linear_a8_fused in targets:
+        shims[kernels.QMM_A8_FUSED] = [kernels.QMM_A8_FUSED_C_SHIM]
     if kernel_attention in targets:
         shims[kernels.KERNEL_ATTENTION] = [kernels.ATTENTION_C_SHIM]
     if kernel_attention_int8 in targets:
@@ -429,6 +436,7 @@ def preprocess(partition: Partition) -> bytes:
             config, constants, compiled.library, calls_kernels=compiled.calls_kernels, calls_attention=compiled.calls_attention,
             calls_attention_int8=compiled.calls_attention_int8, calls_linear=compiled.calls_linear,
             calls_linear16=compiled.calls_linear16, calls_qmm_a8=compiled.calls_qmm_a8,
+            calls_qmm_a8_fused=compiled.calls_qmm_a8_fused,
         )
         return blob_format.encode(blob)  # the library file is deleted below
     finally:

@@ -57,6 +57,31 @@ def test_the_int8_activation_kernel_computes_the_formats_math(name: str, rows: i
         assert (float_activations - want).abs().max() > 1e-4 * float(want.abs().max())  # the rounding is visible
 
 
+@pytest.mark.parametrize("name", ["int4:g32:f16:a8", "int4:g64:min:a8"])
+@pytest.mark.parametrize("rows", [1, 5])
+def test_the_fused_int8_activation_kernel_equals_one_call_per_weight(name: str, rows: int) -> None:
+    # a layer's query / key / value products in one call: each weight's columns equal its own call's, bit for bit
+    fmt = WeightFormat.parse(name)
+    generator = torch.Generator().manual_seed(7 + rows)
+    k = 192
+    x = 3 * torch.randn(rows, k, generator=generator)
+    stored = [etsdk.quantize_weight(torch.randn(n, k, generator=generator), fmt) for n in (48, 16, 37)]
+    biases = [torch.randn(int(s["qdata"].shape[0]), generator=generator) for s in stored]
+    for bias in (biases, []):
+        mins = [s["mins"] for s in stored] if fmt.with_min else []
+        got = kernels.qmm_a8_fused(x, [s["qdata"] for s in stored], [s["scales"] for s in stored], mins, bias, group=fmt.group_size)
+        alone = [
+            kernels.qmm(x, s["qdata"], s["scales"], s.get("mins"), bias[i] if bias else None, bits=4, group=fmt.group_size, int8_activations=True)
+            for i, s in enumerate(stored)
+        ]
+        assert torch.equal(got, torch.cat(alone, dim=1))
+    with pytest.raises(ValueError, match="refused"):  # one bias for three weights
+        kernels.qmm_a8_fused(x, [s["qdata"] for s in stored], [s["scales"] for s in stored], mins, biases[:1], group=fmt.group_size)
+    with pytest.raises(ValueError, match="refused"):  # a weight of another row length
+        other = etsdk.quantize_weight(torch.randn(8, 2 * k, generator=generator), fmt)
+        kernels.qmm_a8_fused(x, [stored[0]["qdata"], other["qdata"]], [stored[0]["scales"], other["scales"]], group=fmt.group_size)
+
+
 def test_one_scale_per_row_takes_any_row_length() -> None:
     fmt = WeightFormat.parse("int8")
     weight, x = torch.randn(24, 83), torch.randn(2, 83)  # 83: a vector and a masked tail
@@ -84,11 +109,13 @@ class Net(torch.nn.Module):
         torch.manual_seed(0)
         self.embed = torch.nn.Embedding(40, 64)
         self.up = torch.nn.Linear(64, 128)
-        self.down = torch.nn.Linear(128, 64)
+        self.gate = torch.nn.Linear(64, 96)  # reads up's input: the :a8 formats run both in one call
+        self.down = torch.nn.Linear(128 + 96, 64)
         self.head = torch.nn.Linear(64, 40, bias=False)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.head(self.down(torch.nn.functional.silu(self.up(self.embed(ids)))))
+        x = self.embed(ids)
+        return self.head(self.down(torch.nn.functional.silu(torch.cat([self.up(x), self.gate(x)], dim=-1))))
 
     def get_output_embeddings(self) -> torch.nn.Module:
         return self.head
@@ -132,8 +159,11 @@ def test_a_quantized_model_compiles_runs_like_eager_and_derives_only_what_it_mus
     reader = BlobReader(delegate.payload, known_features=blob_format.KNOWN_FEATURES)
     assert blob_format.KERNELS_FEATURE in reader.required_features  # the embedding / head's int8 (default plan)
     assert (blob_format.QMM_A8_FEATURE in reader.required_features) == source.endswith(":a8")
-    if source.endswith(":a8"):  # every linear layer's weight went to the :a8 kernel
-        assert "etsdk_qmm_a8" in bytes(reader.section("library")).decode("latin-1")
+    # up and gate read the same input: one call of the fused kernel (down, alone, the single one)
+    assert (blob_format.QMM_A8_FUSED_FEATURE in reader.required_features) == source.endswith(":a8")
+    if source.endswith(":a8"):  # every linear layer's weight went to the :a8 kernels
+        symbols = bytes(reader.section("library"))
+        assert b"aoti_torch_cpu_etsdk_qmm_a8\0" in symbols and b"aoti_torch_cpu_etsdk_qmm_a8_fused\0" in symbols
     constants = json.loads(bytes(reader.section("constants")))
     derived = [c for c in constants if c["source"] == "derived"]
     if source in ("int4", "int4:g32:a8", "int4:g32:min:f16:a8"):  # the kernels read the stored planes themselves

@@ -1,5 +1,5 @@
 """etsdk-aoti's native kernels: ``etsdk_aoti::etsdk_qmm`` (quantized weights; ``etsdk_qmm_a8`` for the int8-activation
-``:a8`` formats), ``etsdk_aoti::etsdk_linear``
+``:a8`` formats, ``etsdk_qmm_a8_fused`` for several of their weights that read the same input), ``etsdk_aoti::etsdk_linear``
 (float32 weights times a few rows: decode), ``etsdk_aoti::etsdk_attention`` and ``etsdk_aoti::etsdk_attention_int8``.
 
 ``etsdk_linear`` (``gemv.cpp``) is ``x @ w.T + bias`` for float32 (or bfloat16 / float16, widened in registers)
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,8 @@ __all__ = [
     "ATTENTION_INT8_C_SHIM",
     "C_SHIM",
     "QMM_A8_C_SHIM",
+    "QMM_A8_FUSED",
+    "QMM_A8_FUSED_C_SHIM",
     "KERNELS_FEATURE",
     "KERNEL_ATTENTION",
     "KERNEL_ATTENTION_INT8",
@@ -62,6 +65,7 @@ __all__ = [
     "linear",
     "load",
     "qmm",
+    "qmm_a8_fused",
 ]
 
 #: The C declaration AOTInductor emits for the operator (``aot_inductor.custom_ops_to_c_shims``).
@@ -74,6 +78,14 @@ C_SHIM = (
 QMM_A8_C_SHIM = (
     "AOTITorchError aoti_torch_cpu_etsdk_qmm_a8(AtenTensorHandle x, AtenTensorHandle qdata, AtenTensorHandle scales, "
     "AtenTensorHandle* mins, AtenTensorHandle* bias, int64_t group, AtenTensorHandle* ret0)"
+)
+
+#: The C declaration AOTInductor emits for ``etsdk_aoti::etsdk_qmm_a8_fused`` (the ``:a8`` product of several
+#: weights that read the same input, outputs side by side; a ``Tensor[]`` argument is a pointer and a length).
+QMM_A8_FUSED_C_SHIM = (
+    "AOTITorchError aoti_torch_cpu_etsdk_qmm_a8_fused(AtenTensorHandle x, const AtenTensorHandle* qdata, "
+    "int64_t qdata_len_, const AtenTensorHandle* scales, int64_t scales_len_, const AtenTensorHandle* mins, "
+    "int64_t mins_len_, const AtenTensorHandle* bias, int64_t bias_len_, int64_t group, AtenTensorHandle* ret0)"
 )
 
 #: The C declaration AOTInductor emits for ``etsdk_aoti::etsdk_linear``.
@@ -157,6 +169,26 @@ def _(x: torch.Tensor, qdata: torch.Tensor, scales: torch.Tensor, mins: object, 
 
 
 QMM_A8 = torch.ops.etsdk_aoti.etsdk_qmm_a8.default
+
+
+@torch.library.custom_op("etsdk_aoti::etsdk_qmm_a8_fused", mutates_args=())
+def etsdk_qmm_a8_fused(
+    x: torch.Tensor, qdata: list[torch.Tensor], scales: list[torch.Tensor], mins: list[torch.Tensor], bias: list[torch.Tensor],
+    group: int,
+) -> torch.Tensor:
+    """``etsdk_qmm_a8`` of every weight (``mins`` / ``bias``: one per weight or empty), the outputs side by side."""
+    parts = [
+        etsdk_qmm_a8(x, q, s, mins[i] if mins else None, bias[i] if bias else None, group) for i, (q, s) in enumerate(zip(qdata, scales, strict=True))
+    ]
+    return torch.cat(parts, dim=1)
+
+
+@etsdk_qmm_a8_fused.register_fake
+def _(x: torch.Tensor, qdata: list[torch.Tensor], scales: object, mins: object, bias: object, group: int) -> torch.Tensor:
+    return x.new_empty((x.shape[0], sum(int(q.shape[0]) for q in qdata)))
+
+
+QMM_A8_FUSED = torch.ops.etsdk_aoti.etsdk_qmm_a8_fused.default
 
 
 @torch.library.custom_op("etsdk_aoti::etsdk_linear", mutates_args=())
@@ -291,6 +323,43 @@ def qmm(
         free_handles(handles)
     if code != 0:
         raise ValueError(f"{path.name} refused the tensors (x {list(x.shape)} {x.dtype}, qdata {list(qdata.shape)} {qdata.dtype}, bits {bits}, group {group})")
+    result: torch.Tensor = torch._C._aoti.alloc_tensors_by_stealing_from_void_ptrs([_new_capsule(out.value, None, None)])[0]
+    return result
+
+
+def qmm_a8_fused(
+    x: torch.Tensor,
+    qdata: Sequence[torch.Tensor],
+    scales: Sequence[torch.Tensor],
+    mins: Sequence[torch.Tensor] = (),
+    bias: Sequence[torch.Tensor] = (),
+    *,
+    group: int,
+) -> torch.Tensor:
+    """Call the fused ``:a8`` kernel directly (tests and benchmarks): ``x [M, K]`` times each weight (4-bit planes;
+    ``mins`` / ``bias`` one per weight or empty), the outputs side by side in one ``[M, sum of N]`` tensor.
+    Raises ``ValueError`` when the kernel refuses the tensors."""
+    from etsdk_aoti.library import _new_capsule, free_handles, tensor_handles
+
+    path = load()
+    assert _loaded is not None
+    pointer = ctypes.c_void_p
+    function = _loaded.aoti_torch_cpu_etsdk_qmm_a8_fused
+    function.argtypes = [pointer, *[ctypes.POINTER(pointer), ctypes.c_int64] * 4, ctypes.c_int64, ctypes.POINTER(pointer)]  # type: ignore[list-item]
+    lists = [list(qdata), list(scales), list(mins), list(bias)]
+    handles = tensor_handles([x, *(t for tensors in lists for t in tensors)])
+    try:
+        arrays, at = [], 1
+        for tensors in lists:
+            arrays += [(pointer * len(tensors))(*handles[at : at + len(tensors)]) if tensors else None, len(tensors)]
+            at += len(tensors)
+        out = pointer()
+        code = function(handles[0], *arrays, group, ctypes.byref(out))
+    finally:
+        free_handles(handles)
+    if code != 0:
+        shapes = ", ".join(f"{list(t.shape)} {t.dtype}" for t in [x, *lists[0]])
+        raise ValueError(f"{path.name} refused the tensors ({shapes}, {[len(t) for t in lists]} tensors, group {group})")
     result: torch.Tensor = torch._C._aoti.alloc_tensors_by_stealing_from_void_ptrs([_new_capsule(out.value, None, None)])[0]
     return result
 

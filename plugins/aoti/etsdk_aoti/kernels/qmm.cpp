@@ -534,31 +534,47 @@ void gemv_a8_rows(const Weights& w, const S* scales, const S* mins, const Quanti
   }
 }
 
+// One weight of a (possibly fused) :a8 product: its operands, where its outputs go, and its float16 planes
+// (s16 / m16: the scales and minimums read as stored, or null for float32 ones in w.scales / w.mins).
+struct A8Part {
+  Weights w;
+  const uint16_t* s16;
+  const uint16_t* m16;
+  float* y;
+};
+
 template <typename S>
-void gemv_a8_team(const Weights& w, const S* scales, const S* mins, const float* x, float* y) {
-  const int64_t chunk = 16;
-  const int64_t chunks = (w.n + chunk - 1) / chunk;
+void a8_rows(const Weights& w, const S* scales, const S* mins, const QuantizedX& xq, float* y, int64_t r0, int64_t r1) {
   const bool g32 = w.group == 32, with_min = mins != nullptr;
+  if (g32) with_min ? gemv_a8_rows<true, true>(w, scales, mins, xq, y, r0, r1) : gemv_a8_rows<true, false>(w, scales, mins, xq, y, r0, r1);
+  else with_min ? gemv_a8_rows<false, true>(w, scales, mins, xq, y, r0, r1) : gemv_a8_rows<false, false>(w, scales, mins, xq, y, r0, r1);
+}
+
+// One decode row times every part's weight (all of the same k and group), in one OpenMP region: the products
+// that share an input (a layer's query / key / value, its gate / up) cost one start of the team and one
+// rounding of x per thread, not one each.
+void gemv_a8(const A8Part* parts, int64_t count, const float* x) {
+  const int64_t chunk = 16;
+  std::vector<int64_t> first(count + 1, 0);  // parts[p] owns the chunks [first[p], first[p + 1])
+  for (int64_t p = 0; p < count; ++p) first[p + 1] = first[p] + (parts[p].w.n + chunk - 1) / chunk;
+  const int64_t chunks = first[count], k = parts[0].w.k, group = parts[0].w.group;
 #pragma omp parallel
   {
     // every thread rounds x itself (a few hundred values, cheaper than a serial step and a barrier), into
     // buffers kept for its next call (a decode step makes hundreds)
     static thread_local QuantizedX mine;
     QuantizedX& xq = mine;  // one thread-local lookup per call, not per row
-    quantize_x(x, w.k, w.group, xq);
+    quantize_x(x, k, group, xq);
 #pragma omp for schedule(static) nowait
     for (int64_t c = 0; c < chunks; ++c) {
-      const int64_t r0 = c * chunk, r1 = r0 + chunk < w.n ? r0 + chunk : w.n;
-      if (g32) with_min ? gemv_a8_rows<true, true>(w, scales, mins, xq, y, r0, r1) : gemv_a8_rows<true, false>(w, scales, mins, xq, y, r0, r1);
-      else with_min ? gemv_a8_rows<false, true>(w, scales, mins, xq, y, r0, r1) : gemv_a8_rows<false, false>(w, scales, mins, xq, y, r0, r1);
+      int64_t p = 0;
+      while (c >= first[p + 1]) ++p;
+      const A8Part& part = parts[p];
+      const int64_t r0 = (c - first[p]) * chunk, r1 = r0 + chunk < part.w.n ? r0 + chunk : part.w.n;
+      if (part.s16) a8_rows(part.w, part.s16, part.m16, xq, part.y, r0, r1);
+      else a8_rows(part.w, part.w.scales, part.w.mins, xq, part.y, r0, r1);
     }
   }
-}
-
-// scales16 / mins16: the float16 planes, or null for float32 ones (w.scales / w.mins).
-void gemv_a8(const Weights& w, const uint16_t* scales16, const uint16_t* mins16, const float* x, float* y) {
-  if (scales16) gemv_a8_team(w, scales16, mins16, x, y);
-  else gemv_a8_team(w, w.scales, w.mins, x, y);
 }
 
 #endif  // VNNI
@@ -566,17 +582,15 @@ void gemv_a8(const Weights& w, const uint16_t* scales16, const uint16_t* mins16,
 using etsdk_kernels::contiguous_tensor;
 
 
-// Checks every operand and allocates the output; false: fail the call (nothing read).
-// With halves non-null (the :a8 entry), float16 scales and minimums are accepted too and returned there
-// (halves[0]: scales, halves[1]: minimums or null); w.scales / w.mins are then null.
-bool prepare(AtenTensorHandle x, AtenTensorHandle qdata, AtenTensorHandle scales, AtenTensorHandle* mins,
-             AtenTensorHandle* bias, int64_t bits, int64_t group, AtenTensorHandle* ret0, Weights& w,
-             const float** xf, int64_t* m_rows, float** y, const uint16_t** halves = nullptr) {
+// One weight's operands checked (bits, group, dtypes, shapes, layout); false: fail the call (nothing read).
+// mins and bias may be null. With halves non-null (the :a8 entries), float16 scales and minimums are accepted too
+// and returned there (halves[0]: scales, halves[1]: minimums or null); w.scales / w.mins are then null.
+bool weight_operands(AtenTensorHandle qdata, AtenTensorHandle scales, AtenTensorHandle mins, AtenTensorHandle bias,
+                     int64_t bits, int64_t group, Weights& w, const uint16_t** halves = nullptr) {
   const int32_t f32 = aoti_torch_dtype_float32();
-  int64_t *xs = nullptr, *qs = nullptr, *ss = nullptr, *ms = nullptr, *bs = nullptr;
-  void *xp = nullptr, *qp = nullptr, *sp = nullptr, *mp = nullptr, *bp = nullptr;
+  int64_t *qs = nullptr, *ss = nullptr, *ms = nullptr, *bs = nullptr;
+  void *qp = nullptr, *sp = nullptr, *mp = nullptr, *bp = nullptr;
   if (!(bits == 8 || bits == 4) || group < 0 || (bits == 4 && group < 32) || (group % 32 && group)) return false;
-  if (!contiguous_tensor(x, 2, f32, &xs, &xp)) return false;
   const int32_t qtype = bits == 8 ? aoti_torch_dtype_int8() : aoti_torch_dtype_uint8();
   if (!contiguous_tensor(qdata, 2, qtype, &qs, &qp)) return false;
   w = Weights{};
@@ -585,9 +599,9 @@ bool prepare(AtenTensorHandle x, AtenTensorHandle qdata, AtenTensorHandle scales
   w.k = bits == 8 ? qs[1] : qs[1] * 2;
   w.group = group;
   w.groups = group ? w.k / group : 1;
-  if (xs[1] != w.k || (group && w.k % group)) return false;
+  if (group && w.k % group) return false;
   int32_t scale_type = f32;
-  if (halves) {  // the :a8 entry: float16 planes are read as stored
+  if (halves) {  // the :a8 entries: float16 planes are read as stored
     int32_t found = 0;
     if (!scales || aoti_torch_get_dtype(scales, &found)) return false;
     if (found == aoti_torch_dtype_float16()) scale_type = found;
@@ -597,11 +611,11 @@ bool prepare(AtenTensorHandle x, AtenTensorHandle qdata, AtenTensorHandle scales
   } else if (!contiguous_tensor(scales, 1, scale_type, &ss, &sp) || ss[0] != w.n) {
     return false;
   }
-  if (mins && *mins) {
-    if (bits != 4 || !contiguous_tensor(*mins, 2, scale_type, &ms, &mp) || ms[0] != w.n || ms[1] != w.groups) return false;
+  if (mins) {
+    if (bits != 4 || !contiguous_tensor(mins, 2, scale_type, &ms, &mp) || ms[0] != w.n || ms[1] != w.groups) return false;
   }
-  if (bias && *bias) {
-    if (!contiguous_tensor(*bias, 1, f32, &bs, &bp) || bs[0] != w.n) return false;
+  if (bias) {
+    if (!contiguous_tensor(bias, 1, f32, &bs, &bp) || bs[0] != w.n) return false;
   }
   w.q8 = static_cast<const int8_t*>(qp);
   w.q4 = static_cast<const uint8_t*>(qp);
@@ -614,13 +628,27 @@ bool prepare(AtenTensorHandle x, AtenTensorHandle qdata, AtenTensorHandle scales
     halves[1] = static_cast<const uint16_t*>(mp);
   }
   w.bias = static_cast<const float*>(bp);
+  return true;
+}
+
+// x: float32 [M, K], contiguous; false: fail the call.
+bool input_rows(AtenTensorHandle x, const float** xf, int64_t* m_rows, int64_t* k) {
+  int64_t* xs = nullptr;
+  void* xp = nullptr;
+  if (!contiguous_tensor(x, 2, aoti_torch_dtype_float32(), &xs, &xp)) return false;
+  *xf = static_cast<const float*>(xp);
   *m_rows = xs[0];
-  const int64_t sizes[2] = {*m_rows, w.n};
-  const int64_t strides[2] = {w.n, 1};
-  if (aoti_torch_empty_strided(2, sizes, strides, f32, aoti_torch_device_type_cpu(), 0, ret0)) return false;
+  *k = xs[1];
+  return true;
+}
+
+// A new float32 [M, N] output.
+bool new_output(int64_t m_rows, int64_t n, AtenTensorHandle* ret0, float** y) {
+  const int64_t sizes[2] = {m_rows, n};
+  const int64_t strides[2] = {n, 1};
+  if (aoti_torch_empty_strided(2, sizes, strides, aoti_torch_dtype_float32(), aoti_torch_device_type_cpu(), 0, ret0)) return false;
   void* yp = nullptr;
   if (aoti_torch_get_data_ptr(*ret0, &yp)) return false;
-  *xf = static_cast<const float*>(xp);
   *y = static_cast<float*>(yp);
   return true;
 }
@@ -638,41 +666,88 @@ extern "C" __attribute__((visibility("default"))) AOTITorchError aoti_torch_cpu_
   Weights w;
   const float* xf = nullptr;
   float* y = nullptr;
-  int64_t m_rows = 0;
-  if (!prepare(x, qdata, scales, mins, bias, bits, group, ret0, w, &xf, &m_rows, &y)) return AOTI_TORCH_FAILURE;
+  int64_t m_rows = 0, k = 0;
+  if (!input_rows(x, &xf, &m_rows, &k)) return AOTI_TORCH_FAILURE;
+  if (!weight_operands(qdata, scales, mins ? *mins : nullptr, bias ? *bias : nullptr, bits, group, w)) return AOTI_TORCH_FAILURE;
+  if (w.k != k || !new_output(m_rows, w.n, ret0, &y)) return AOTI_TORCH_FAILURE;
   if (m_rows == 0 || w.n == 0) return AOTI_TORCH_SUCCESS;
   product(w, xf, m_rows, y);
   return AOTI_TORCH_SUCCESS;
 }
 
-// The :a8 formats (4-bit weights, int8 activations): one row (decode) multiplies integers with VNNI; more rows
-// run the float paths on the rows rounded as the format says (q * d), where the weights' widening is shared.
-extern "C" __attribute__((visibility("default"))) AOTITorchError aoti_torch_cpu_etsdk_qmm_a8(
-    AtenTensorHandle x, AtenTensorHandle qdata, AtenTensorHandle scales, AtenTensorHandle* mins,
-    AtenTensorHandle* bias, int64_t group, AtenTensorHandle* ret0) {
-  Weights w;
+namespace {
+
+// The :a8 formats (4-bit weights, int8 activations), for one or more weights read by the same x (all of one
+// group size; their outputs side by side in one [M, sum of N] tensor): one row (decode) multiplies integers with
+// VNNI, every weight in one OpenMP region; more rows run the float paths on the rows rounded as the format says
+// (q * d), where the weights' widening is shared.
+AOTITorchError qmm_a8(AtenTensorHandle x, const AtenTensorHandle* qdata, const AtenTensorHandle* scales,
+                      const AtenTensorHandle* mins, const AtenTensorHandle* bias, int64_t count, int64_t group,
+                      AtenTensorHandle* ret0) {
   const float* xf = nullptr;
   float* y = nullptr;
-  int64_t m_rows = 0;
-  const uint16_t* halves[2] = {nullptr, nullptr};
-  if (!prepare(x, qdata, scales, mins, bias, 4, group, ret0, w, &xf, &m_rows, &y, halves)) return AOTI_TORCH_FAILURE;
-  if (m_rows == 0 || w.n == 0) return AOTI_TORCH_SUCCESS;
+  int64_t m_rows = 0, k = 0, n = 0;
+  if (count < 1 || !input_rows(x, &xf, &m_rows, &k)) return AOTI_TORCH_FAILURE;
+  std::vector<A8Part> parts(count);
+  for (int64_t p = 0; p < count; ++p) {
+    const uint16_t* halves[2] = {nullptr, nullptr};
+    Weights& w = parts[p].w;
+    if (!weight_operands(qdata[p], scales[p], mins ? mins[p] : nullptr, bias ? bias[p] : nullptr, 4, group, w, halves)) {
+      return AOTI_TORCH_FAILURE;
+    }
+    if (w.k != k) return AOTI_TORCH_FAILURE;
+    parts[p].s16 = halves[0];
+    parts[p].m16 = halves[1];
+    n += w.n;
+  }
+  if (!new_output(m_rows, n, ret0, &y)) return AOTI_TORCH_FAILURE;
+  if (m_rows == 0 || n == 0) return AOTI_TORCH_SUCCESS;
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
   if (m_rows == 1) {
-    gemv_a8(w, halves[0], halves[1], xf, y);
+    for (int64_t p = 0, column = 0; p < count; column += parts[p].w.n, ++p) parts[p].y = y + column;
+    gemv_a8(parts.data(), count, xf);
     return AOTI_TORCH_SUCCESS;
   }
 #endif
-  std::vector<float> wide_scales, wide_mins;  // the float paths read float32 planes
-  const auto widen_plane = [&w](const uint16_t* plane, std::vector<float>& out) {
-    out.resize(w.n * w.groups);
-    for (size_t i = 0; i < out.size(); ++i) out[i] = etsdk_kernels::widen(etsdk_kernels::F16{plane[i]});
-    return out.data();
-  };
-  if (halves[0]) w.scales = widen_plane(halves[0], wide_scales);
-  if (halves[1]) w.mins = widen_plane(halves[1], wide_mins);
-  std::vector<float> rounded(m_rows * w.k);
-  fake_quantize_rows(xf, m_rows, w.k, rounded.data());
-  product(w, rounded.data(), m_rows, y);
+  std::vector<float> rounded(m_rows * k);
+  fake_quantize_rows(xf, m_rows, k, rounded.data());
+  std::vector<float> wide_scales, wide_mins, own;  // the float paths read float32 planes
+  for (int64_t p = 0, column = 0; p < count; column += parts[p].w.n, ++p) {
+    Weights& w = parts[p].w;
+    const auto widen_plane = [&w](const uint16_t* plane, std::vector<float>& out) {
+      out.resize(w.n * w.groups);
+      for (size_t i = 0; i < out.size(); ++i) out[i] = etsdk_kernels::widen(etsdk_kernels::F16{plane[i]});
+      return out.data();
+    };
+    if (parts[p].s16) w.scales = widen_plane(parts[p].s16, wide_scales);
+    if (parts[p].m16) w.mins = widen_plane(parts[p].m16, wide_mins);
+    if (count == 1) {
+      product(w, rounded.data(), m_rows, y);
+      break;
+    }
+    own.resize(m_rows * w.n);  // this weight's columns of y
+    product(w, rounded.data(), m_rows, own.data());
+    for (int64_t m = 0; m < m_rows; ++m) std::memcpy(y + m * n + column, own.data() + m * w.n, sizeof(float) * w.n);
+  }
   return AOTI_TORCH_SUCCESS;
+}
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) AOTITorchError aoti_torch_cpu_etsdk_qmm_a8(
+    AtenTensorHandle x, AtenTensorHandle qdata, AtenTensorHandle scales, AtenTensorHandle* mins,
+    AtenTensorHandle* bias, int64_t group, AtenTensorHandle* ret0) {
+  return qmm_a8(x, &qdata, &scales, mins && *mins ? mins : nullptr, bias && *bias ? bias : nullptr, 1, group, ret0);
+}
+
+// etsdk_aoti::etsdk_qmm_a8_fused: the :a8 product of several weights that read the same x, as AOTInductor passes
+// Tensor[] arguments (a pointer and a length each); mins and bias hold one tensor per weight or none at all.
+extern "C" __attribute__((visibility("default"))) AOTITorchError aoti_torch_cpu_etsdk_qmm_a8_fused(
+    AtenTensorHandle x, const AtenTensorHandle* qdata, int64_t qdata_len, const AtenTensorHandle* scales,
+    int64_t scales_len, const AtenTensorHandle* mins, int64_t mins_len, const AtenTensorHandle* bias,
+    int64_t bias_len, int64_t group, AtenTensorHandle* ret0) {
+  if (scales_len != qdata_len || (mins_len && mins_len != qdata_len) || (bias_len && bias_len != qdata_len)) {
+    return AOTI_TORCH_FAILURE;
+  }
+  return qmm_a8(x, qdata, scales, mins_len ? mins : nullptr, bias_len ? bias : nullptr, qdata_len, group, ret0);
 }
