@@ -54,7 +54,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from etsdk._export.partition import WEIGHTS_NAMESPACE, Constant, NamedDataWriter, Partition, StateUpdate
+from etsdk._export.partition import (
+    WEIGHTS_NAMESPACE,
+    Constant,
+    NamedDataWriter,
+    Partition,
+    StateUpdate,
+    release_mapped_weights,
+)
 from etsdk._format.blob import BlobReader, BlobWriter
 from etsdk._format.dtypes import dtype_name, torch_dtype
 from etsdk._format.weight_format import WeightFormat, WeightLayout, WeightUse
@@ -118,6 +125,7 @@ __all__ = [
     "quantize_rows",
     "quantized_call",
     "readonly_tensor",
+    "release_mapped_weights",
     "torch_dtype",
     "weight_planes",
 ]

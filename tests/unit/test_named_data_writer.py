@@ -18,6 +18,7 @@ import torch
 from etsdk import ExportError
 from etsdk._export.partition import SPOOL_BYTES, NamedDataWriter, StoredWeights
 from etsdk._format.mapped_pages import release_file_pages
+from etsdk.backend import release_mapped_weights
 
 
 def _sha(tensor: torch.Tensor) -> str:
@@ -164,6 +165,19 @@ def test_a_memory_mapped_weight_gives_its_pages_back_once_stored(tmp_path: Path)
     assert torch.equal(weight, values)  # and the mapping still reads the file's bytes
     del weight
     mapped.close()
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").is_file(), reason="reads /proc/self/smaps (Linux)")
+def test_release_mapped_weights_hands_back_what_a_converter_read(mapped: tuple[torch.Tensor, torch.Tensor, Path]) -> None:
+    weight, values, _ = mapped
+    anonymous = torch.randn(SPOOL_BYTES // 4)
+    assert float(weight.sum()) == pytest.approx(float(values.sum()), rel=1e-4)  # read as torch.onnx.export would
+    assert _resident(weight.data_ptr()) >= values.numel() * 4
+    # the anonymous tensor is left alone, the mapped one counted once however often it is given
+    assert release_mapped_weights([weight, anonymous, weight, weight[::2]]) == values.numel() * 4
+    assert _resident(weight.data_ptr()) < 3 * mmap.PAGESIZE  # the header's page and the partial last one at most
+    assert _resident(anonymous.data_ptr()) >= anonymous.numel() * 4
+    assert torch.equal(weight, values)  # the mapping reads the file again
 
 
 def test_anonymous_memory_is_never_advised() -> None:

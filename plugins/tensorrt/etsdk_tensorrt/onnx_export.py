@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +35,7 @@ from typing import Any
 
 import torch
 from etsdk import ExportError
-from etsdk.backend import quantized_call
+from etsdk.backend import quantized_call, release_mapped_weights
 from torch.export.graph_signature import InputKind, OutputKind
 
 from etsdk_tensorrt import BACKEND_ID
@@ -432,6 +433,9 @@ def export(program: Any, signature: Any, workdir: Path) -> OnnxPartition:
     model_path = workdir / "model.onnx"
     exported.save(model_path, external_data=True)
     del exported
+    # the exporter read every weight to write the external data: a checkpoint's mapped pages go back to the kernel
+    # (else a model's worth of them stays in the export's resident memory until it ends)
+    release_mapped_weights(itertools.chain(lifted.module.parameters(), lifted.module.buffers()))
     if has_quantized:  # 4-bit weights as UINT4 initializers feeding DequantizeLinear (etsdk_tensorrt.quantized)
         whole = onnx.load(str(model_path))
         if quantized.fold_uint4(whole):

@@ -16,7 +16,7 @@ import functools
 import hashlib
 import os
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,6 +92,30 @@ def mapped_range(data: Any) -> Any:
         return None
     where = file_range(data.data_ptr(), size)
     return where if where is not None and unchanged_file_pages(data.data_ptr(), size) else None
+
+
+def release_mapped_weights(tensors: Iterable[Any]) -> int:
+    """Hand back the pages of each memory-mapped CPU tensor of ``tensors`` (a checkpoint's weight) that this process
+    has read, where every one still holds the file's bytes; returns the size of the tensors whose pages were
+    handed back (whole pages only: a partial page at either end stays).
+
+    Call it after reading such weights outside etsdk (a converter writing them into a file of its own, such as
+    ``torch.onnx.export``'s external data): read pages of a mapped file stay in the process until handed back, so
+    a model's worth would otherwise count in the export's resident memory. They stay in the page cache, and the
+    mapping reads them again when touched; anonymous memory and pages changed in memory are left as they are."""
+    from etsdk._format.mapped_pages import release_file_pages
+
+    released = 0
+    seen: set[int] = set()
+    for tensor in tensors:
+        data = tensor.detach()
+        if data.device.type != "cpu" or not data.is_contiguous() or data.data_ptr() in seen:
+            continue
+        seen.add(data.data_ptr())
+        nbytes = data.numel() * data.element_size()
+        if nbytes and release_file_pages(data.data_ptr(), nbytes):
+            released += nbytes
+    return released
 
 
 def spooled(tensor: Any) -> bool:
