@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -431,11 +430,8 @@ def export(program: Any, signature: Any, workdir: Path) -> OnnxPartition:
     if exported is None:
         raise ExportError(f"backend '{BACKEND_ID}': torch.onnx.export returned no program")
     model_path = workdir / "model.onnx"
-    exported.save(model_path, external_data=True)
+    _save(exported.model, model_path)
     del exported
-    # the exporter read every weight to write the external data: a checkpoint's mapped pages go back to the kernel
-    # (else a model's worth of them stays in the export's resident memory until it ends)
-    release_mapped_weights(itertools.chain(lifted.module.parameters(), lifted.module.buffers()))
     if has_quantized:  # 4-bit weights as UINT4 initializers feeding DequantizeLinear (etsdk_tensorrt.quantized)
         whole = onnx.load(str(model_path))
         if quantized.fold_uint4(whole):
@@ -487,6 +483,26 @@ def export(program: Any, signature: Any, workdir: Path) -> OnnxPartition:
         external=tuple(sorted(external, key=lambda e: e[1])),
         constants=constants,
     )
+
+
+def _save(model: Any, path: Path) -> None:
+    """Write ``model`` (an ``onnx_ir`` model, as ``torch.onnx.export`` makes it) to ``path`` with every initializer
+    in ``<name>.data`` beside it, handing back each weight's pages once written.
+
+    Writing the external data reads every weight: a checkpoint's memory-mapped pages, once read, would stay in
+    the process until it ends, a model's worth on top of the export's own memory. The writer announces each
+    tensor before writing it, so the one before it is done and goes back then (the last, after the save)."""
+    import onnx_ir
+
+    written: list[torch.Tensor] = []
+
+    def next_tensor(tensor: Any, info: Any) -> None:
+        release_mapped_weights(written)
+        raw = getattr(tensor, "raw", None)
+        written[:] = [raw] if isinstance(raw, torch.Tensor) else []
+
+    onnx_ir.save(model, path, external_data=f"{path.name}.data", callback=next_tensor)
+    release_mapped_weights(written)
 
 
 def _strip_debug_info(model: Any) -> None:
