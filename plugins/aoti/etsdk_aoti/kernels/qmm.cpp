@@ -12,8 +12,8 @@
 //                     mins float32 [N, K/G] or none:  w = q * s + m,  or (q - 8) * s
 //
 // aoti_torch_cpu_etsdk_qmm_a8 (etsdk_aoti::etsdk_qmm_a8) is the same product for the ``:a8`` formats: 4-bit
-// weights, x rounded to int8 per block of 32 (d = max|x| / 127, q = round-half-even(x / d)). A decode row
-// multiplies the integers with AVX-512 VNNI (64 products per instruction, each block's sum exact in int32),
+// weights, x rounded to int8 per block of 32 (d = max|x| / 127, q = round-half-even(x / d)). Every row (decode
+// and prefill) multiplies the integers with AVX-512 VNNI (64 products per instruction, each block's sum exact in int32),
 // then applies d times the weight's scale once per block: no 4-bit value is widened to float.
 //
 // Every packed byte is read once per call. Small M (decode) takes a dot-product
@@ -469,20 +469,34 @@ inline float one_scale(const uint16_t* s) { return _cvtsh_ss(*s); }
 inline __m512 sixteen(const float* s, __mmask16 m) { return _mm512_maskz_loadu_ps(m, s); }
 inline __m512 sixteen(const uint16_t* s, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, s)); }
 
-template <bool G32, bool MIN, typename S>
-inline __m512 chunk_fma(const uint8_t* q, const S* s, const QuantizedX& xq, int64_t c, int64_t group, bool whole, __m512 acc) {
-  const __m512i pattern = _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
+// Chunk c's 64 weights of a row, unpacked to bytes: the 32 low nibbles, then the 32 high ones.
+inline __m512i chunk_weights(const uint8_t* q, int64_t c, bool whole) {
   const __m256i low = _mm256_set1_epi8(0x0F);
   const __m256i v = whole ? _mm256_loadu_si256((const __m256i*)(q + c * 32)) : _mm256_maskz_loadu_epi8(0xFFFF, q + c * 32);
   const __m256i lo = _mm256_and_si256(v, low);
   const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-  const __m512i wv = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+// Each dpbusd lane's weight scale for chunk c (a last chunk of one block reads that block's scale only).
+template <bool G32, typename S>
+inline __m512 chunk_scales(const S* s, int64_t c, int64_t group, bool whole) {
+  const __m512i pattern = _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
+  if (G32 && whole) return _mm512_permutexvar_ps(pattern, _mm512_castps128_ps512(two_scales(s + 2 * c)));
+  return _mm512_set1_ps(one_scale(s + c * 64 / group));
+}
+
+// acc + chunk c's products of unpacked weights wv (lane scales sl) and x: sum(q_w * q_x) * s * d, per lane.
+template <bool MIN>
+inline __m512 chunk_product(__m512i wv, __m512 sl, const QuantizedX& xq, int64_t c, __m512 acc) {
   const __m512i init = MIN ? _mm512_setzero_si512() : _mm512_loadu_si512(xq.minus8.data() + c * 16);
   const __m512i dot = _mm512_dpbusd_epi32(init, wv, _mm512_loadu_si512(xq.q.data() + c * 64));
-  __m512 sl;
-  if (G32 && whole) sl = _mm512_permutexvar_ps(pattern, _mm512_castps128_ps512(two_scales(s + 2 * c)));
-  else sl = _mm512_set1_ps(one_scale(s + c * 64 / group));  // (a last chunk of one block reads that block's scale only)
   return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(sl, _mm512_loadu_ps(xq.lane_d.data() + c * 16)), acc);
+}
+
+template <bool G32, bool MIN, typename S>
+inline __m512 chunk_fma(const uint8_t* q, const S* s, const QuantizedX& xq, int64_t c, int64_t group, bool whole, __m512 acc) {
+  return chunk_product<MIN>(chunk_weights(q, c, whole), chunk_scales<G32>(s, c, group, whole), xq, c, acc);
 }
 
 template <bool MIN, typename S>
@@ -534,6 +548,50 @@ void gemv_a8_rows(const Weights& w, const S* scales, const S* mins, const Quanti
   }
 }
 
+// Rows [r0, r1) of the products of MB rows of x (xq[0 .. MB), outputs y + j * ldy): two weight rows times MB
+// x rows at a time, so each chunk of weights is unpacked once for MB rows and each chunk of x loaded once for
+// two weight rows (prefill: the products are bound by instructions, not by memory).
+template <int MB, bool G32, bool MIN, typename S>
+void gemm_a8_block(const Weights& w, const S* scales, const S* mins, const QuantizedX* xq, float* y, int64_t ldy,
+                   int64_t r0, int64_t r1) {
+  const int64_t kh = w.k / 2, chunks = (w.k + 63) / 64, whole = kh / 32;
+  for (int64_t r = r0; r < r1; r += 2) {
+    const bool pair = r + 1 < r1;
+    const uint8_t* q0 = w.q4 + r * kh;
+    const uint8_t* q1 = pair ? q0 + kh : q0;  // an odd last row is multiplied twice, kept once
+    const S* s0 = scales + r * w.groups;
+    const S* s1 = pair ? s0 + w.groups : s0;
+    __m512 a0[MB], a1[MB];
+    for (int j = 0; j < MB; ++j) a0[j] = a1[j] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < chunks; ++c) {
+      const bool full = c < whole;
+      const __m512i w0 = chunk_weights(q0, c, full), w1 = chunk_weights(q1, c, full);
+      const __m512 l0 = chunk_scales<G32>(s0, c, w.group, full), l1 = chunk_scales<G32>(s1, c, w.group, full);
+      for (int j = 0; j < MB; ++j) {
+        a0[j] = chunk_product<MIN>(w0, l0, xq[j], c, a0[j]);
+        a1[j] = chunk_product<MIN>(w1, l1, xq[j], c, a1[j]);
+      }
+    }
+    for (int j = 0; j < MB; ++j) {
+      y[j * ldy + r] = a8_row_tail<MIN>(w, mins, xq[j], r, a0[j]);
+      if (pair) y[j * ldy + r + 1] = a8_row_tail<MIN>(w, mins, xq[j], r + 1, a1[j]);
+    }
+  }
+}
+
+template <bool G32, bool MIN, typename S>
+void gemm_a8_rows(const Weights& w, const S* scales, const S* mins, const QuantizedX* xq, int64_t m_rows, float* y,
+                  int64_t ldy, int64_t r0, int64_t r1) {
+  int64_t m = 0;
+  for (; m + 4 <= m_rows; m += 4) gemm_a8_block<4, G32, MIN>(w, scales, mins, xq + m, y + m * ldy, ldy, r0, r1);
+  switch (m_rows - m) {
+    case 3: gemm_a8_block<3, G32, MIN>(w, scales, mins, xq + m, y + m * ldy, ldy, r0, r1); break;
+    case 2: gemm_a8_block<2, G32, MIN>(w, scales, mins, xq + m, y + m * ldy, ldy, r0, r1); break;
+    case 1: gemm_a8_block<1, G32, MIN>(w, scales, mins, xq + m, y + m * ldy, ldy, r0, r1); break;
+    default: break;
+  }
+}
+
 // One weight of a (possibly fused) :a8 product: its operands, where its outputs go, and its float16 planes
 // (s16 / m16: the scales and minimums read as stored, or null for float32 ones in w.scales / w.mins).
 struct A8Part {
@@ -543,36 +601,55 @@ struct A8Part {
   float* y;
 };
 
+// Rows [r0, r1) of the products of m_rows rows of x (outputs y, row stride ldy).
 template <typename S>
-void a8_rows(const Weights& w, const S* scales, const S* mins, const QuantizedX& xq, float* y, int64_t r0, int64_t r1) {
+void a8_rows(const Weights& w, const S* scales, const S* mins, const QuantizedX* xq, int64_t m_rows, float* y, int64_t ldy,
+             int64_t r0, int64_t r1) {
   const bool g32 = w.group == 32, with_min = mins != nullptr;
-  if (g32) with_min ? gemv_a8_rows<true, true>(w, scales, mins, xq, y, r0, r1) : gemv_a8_rows<true, false>(w, scales, mins, xq, y, r0, r1);
-  else with_min ? gemv_a8_rows<false, true>(w, scales, mins, xq, y, r0, r1) : gemv_a8_rows<false, false>(w, scales, mins, xq, y, r0, r1);
+  if (m_rows == 1) {
+    if (g32) with_min ? gemv_a8_rows<true, true>(w, scales, mins, *xq, y, r0, r1) : gemv_a8_rows<true, false>(w, scales, mins, *xq, y, r0, r1);
+    else with_min ? gemv_a8_rows<false, true>(w, scales, mins, *xq, y, r0, r1) : gemv_a8_rows<false, false>(w, scales, mins, *xq, y, r0, r1);
+  } else if (g32) {
+    with_min ? gemm_a8_rows<true, true>(w, scales, mins, xq, m_rows, y, ldy, r0, r1)
+             : gemm_a8_rows<true, false>(w, scales, mins, xq, m_rows, y, ldy, r0, r1);
+  } else {
+    with_min ? gemm_a8_rows<false, true>(w, scales, mins, xq, m_rows, y, ldy, r0, r1)
+             : gemm_a8_rows<false, false>(w, scales, mins, xq, m_rows, y, ldy, r0, r1);
+  }
 }
 
-// One decode row times every part's weight (all of the same k and group), in one OpenMP region: the products
-// that share an input (a layer's query / key / value, its gate / up) cost one start of the team and one
-// rounding of x per thread, not one each.
-void gemv_a8(const A8Part* parts, int64_t count, const float* x) {
+// Rows of x times every part's weight (all of the same k and group; part p's outputs at parts[p].y, row m at
+// parts[p].y + m * ldy), in one OpenMP region: the products that share an input (a layer's query / key / value,
+// its gate / up) cost one start of the team and one rounding of x, not one each. Every row multiplies integers:
+// a chunk of 16 weight rows is multiplied by each row of x while it is in the cache (prefill reads each weight
+// once, as decode does).
+void gemv_a8(const A8Part* parts, int64_t count, const float* x, int64_t m_rows, int64_t ldy) {
   const int64_t chunk = 16;
   std::vector<int64_t> first(count + 1, 0);  // parts[p] owns the chunks [first[p], first[p + 1])
   for (int64_t p = 0; p < count; ++p) first[p + 1] = first[p] + (parts[p].w.n + chunk - 1) / chunk;
   const int64_t chunks = first[count], k = parts[0].w.k, group = parts[0].w.group;
+  std::vector<QuantizedX> rounded(m_rows > 1 ? m_rows : 0);
 #pragma omp parallel
   {
-    // every thread rounds x itself (a few hundred values, cheaper than a serial step and a barrier), into
-    // buffers kept for its next call (a decode step makes hundreds)
+    // one row (decode): every thread rounds it itself (a few hundred values, cheaper than a serial step and a
+    // barrier), into buffers kept for its next call (a decode step makes hundreds); more rows: shared out
     static thread_local QuantizedX mine;
-    QuantizedX& xq = mine;  // one thread-local lookup per call, not per row
-    quantize_x(x, k, group, xq);
+    const QuantizedX* xq = &mine;  // one thread-local lookup per call, not per row
+    if (m_rows == 1) {
+      quantize_x(x, k, group, mine);
+    } else {
+#pragma omp for schedule(static)
+      for (int64_t m = 0; m < m_rows; ++m) quantize_x(x + m * k, k, group, rounded[m]);
+      xq = rounded.data();
+    }
 #pragma omp for schedule(static) nowait
     for (int64_t c = 0; c < chunks; ++c) {
       int64_t p = 0;
       while (c >= first[p + 1]) ++p;
       const A8Part& part = parts[p];
       const int64_t r0 = (c - first[p]) * chunk, r1 = r0 + chunk < part.w.n ? r0 + chunk : part.w.n;
-      if (part.s16) a8_rows(part.w, part.s16, part.m16, xq, part.y, r0, r1);
-      else a8_rows(part.w, part.w.scales, part.w.mins, xq, part.y, r0, r1);
+      if (part.s16) a8_rows(part.w, part.s16, part.m16, xq, m_rows, part.y, ldy, r0, r1);
+      else a8_rows(part.w, part.w.scales, part.w.mins, xq, m_rows, part.y, ldy, r0, r1);
     }
   }
 }
@@ -678,9 +755,9 @@ extern "C" __attribute__((visibility("default"))) AOTITorchError aoti_torch_cpu_
 namespace {
 
 // The :a8 formats (4-bit weights, int8 activations), for one or more weights read by the same x (all of one
-// group size; their outputs side by side in one [M, sum of N] tensor): one row (decode) multiplies integers with
-// VNNI, every weight in one OpenMP region; more rows run the float paths on the rows rounded as the format says
-// (q * d), where the weights' widening is shared.
+// group size; their outputs side by side in one [M, sum of N] tensor): every row multiplies integers with
+// VNNI, every weight in one OpenMP region. Without VNNI, the float paths run on the rows rounded as the format
+// says (q * d).
 AOTITorchError qmm_a8(AtenTensorHandle x, const AtenTensorHandle* qdata, const AtenTensorHandle* scales,
                       const AtenTensorHandle* mins, const AtenTensorHandle* bias, int64_t count, int64_t group,
                       AtenTensorHandle* ret0) {
@@ -703,12 +780,9 @@ AOTITorchError qmm_a8(AtenTensorHandle x, const AtenTensorHandle* qdata, const A
   if (!new_output(m_rows, n, ret0, &y)) return AOTI_TORCH_FAILURE;
   if (m_rows == 0 || n == 0) return AOTI_TORCH_SUCCESS;
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
-  if (m_rows == 1) {
-    for (int64_t p = 0, column = 0; p < count; column += parts[p].w.n, ++p) parts[p].y = y + column;
-    gemv_a8(parts.data(), count, xf);
-    return AOTI_TORCH_SUCCESS;
-  }
-#endif
+  for (int64_t p = 0, column = 0; p < count; column += parts[p].w.n, ++p) parts[p].y = y + column;
+  gemv_a8(parts.data(), count, xf, m_rows, n);
+#else
   std::vector<float> rounded(m_rows * k);
   fake_quantize_rows(xf, m_rows, k, rounded.data());
   std::vector<float> wide_scales, wide_mins, own;  // the float paths read float32 planes
@@ -729,6 +803,7 @@ AOTITorchError qmm_a8(AtenTensorHandle x, const AtenTensorHandle* qdata, const A
     product(w, rounded.data(), m_rows, own.data());
     for (int64_t m = 0; m < m_rows; ++m) std::memcpy(y + m * n + column, own.data() + m * w.n, sizeof(float) * w.n);
   }
+#endif
   return AOTI_TORCH_SUCCESS;
 }
 
