@@ -19,6 +19,7 @@ from etsdk import ExportError
 from etsdk._export.partition import SPOOL_BYTES, NamedDataWriter, StoredWeights
 from etsdk._format.mapped_pages import release_file_pages
 from etsdk.backend import release_mapped_weights
+from etsdk.testing import resident_bytes
 
 
 def _sha(tensor: torch.Tensor) -> str:
@@ -137,19 +138,6 @@ def test_a_remembered_weight_whose_tensor_died_is_read_again(monkeypatch: pytest
     assert len(calls) == 2, f"reused address: {second.data_ptr() == address}"
 
 
-def _resident(address: int) -> int:
-    """Resident bytes of the mapping holding ``address`` (/proc/self/smaps)."""
-    inside = False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split()[0]
-        if "-" in head and not head.endswith(":"):
-            low, high = (int(x, 16) for x in head.split("-"))
-            inside = low <= address < high
-        elif inside and head == "Rss:":
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no mapping holds the address")
-
-
 @pytest.mark.skipif(not Path("/proc/self/smaps").is_file(), reason="reads /proc/self/smaps (Linux)")
 def test_a_memory_mapped_weight_gives_its_pages_back_once_stored(tmp_path: Path) -> None:
     values = torch.randn(4 * SPOOL_BYTES // 4)
@@ -158,10 +146,10 @@ def test_a_memory_mapped_weight_gives_its_pages_back_once_stored(tmp_path: Path)
         mapped = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE)
     weight = torch.frombuffer(mapped, dtype=torch.float32)
     assert float(weight.sum()) == pytest.approx(float(values.sum()), rel=1e-4)  # every page read: resident
-    assert _resident(weight.data_ptr()) >= values.numel() * 4
+    assert resident_bytes(weight.data_ptr()) >= values.numel() * 4
     key = NamedDataWriter("A").add_weight(weight)
     assert key == f"weights/{_sha(values)}"
-    assert _resident(weight.data_ptr()) < SPOOL_BYTES  # handed back (at most a partial page at each end)
+    assert resident_bytes(weight.data_ptr()) < SPOOL_BYTES  # handed back (at most a partial page at each end)
     assert torch.equal(weight, values)  # and the mapping still reads the file's bytes
     del weight
     mapped.close()
@@ -172,11 +160,11 @@ def test_release_mapped_weights_hands_back_what_a_converter_read(mapped: tuple[t
     weight, values, _ = mapped
     anonymous = torch.randn(SPOOL_BYTES // 4)
     assert float(weight.sum()) == pytest.approx(float(values.sum()), rel=1e-4)  # read as torch.onnx.export would
-    assert _resident(weight.data_ptr()) >= values.numel() * 4
+    assert resident_bytes(weight.data_ptr()) >= values.numel() * 4
     # the anonymous tensor is left alone, the mapped one counted once however often it is given
     assert release_mapped_weights([weight, anonymous, weight, weight[::2]]) == values.numel() * 4
-    assert _resident(weight.data_ptr()) < 3 * mmap.PAGESIZE  # the header's page and the partial last one at most
-    assert _resident(anonymous.data_ptr()) >= anonymous.numel() * 4
+    assert resident_bytes(weight.data_ptr()) < 3 * mmap.PAGESIZE  # the header's page and the partial last one at most
+    assert resident_bytes(anonymous.data_ptr()) >= anonymous.numel() * 4
     assert torch.equal(weight, values)  # the mapping reads the file again
 
 
@@ -184,7 +172,7 @@ def test_anonymous_memory_is_never_advised() -> None:
     weight = torch.randn(4 * SPOOL_BYTES // 4)
     assert not release_file_pages(weight.data_ptr(), weight.numel() * 4)
     NamedDataWriter("A").add_weight(weight)
-    assert _resident(weight.data_ptr()) >= weight.numel() * 4
+    assert resident_bytes(weight.data_ptr()) >= weight.numel() * 4
 
 
 @pytest.fixture
@@ -262,12 +250,12 @@ def test_a_mapped_tensor_read_through_is_never_resident_beyond_a_window(tmp_path
 
     def consume(chunk: memoryview) -> None:
         digest.update(chunk)
-        resident.append(_resident(address))
+        resident.append(resident_bytes(address))
 
     mapped_pages.read_through(memoryview(region), address, consume, chunk=1 << 20)
     assert digest.digest() == hashlib.sha256(payload).digest()
     # a window, a chunk, and the kernel's read-around (it maps a file's pages up to 2 MiB at a time) at either end
     assert len(resident) == 48 and max(resident) <= (4 << 20) + (1 << 20) + (4 << 20), resident
-    assert _resident(address) <= 4 << 20
+    assert resident_bytes(address) <= 4 << 20
     del tensor
     region.close()

@@ -9,20 +9,8 @@ from pathlib import Path
 import onnx
 import pytest
 import torch
+from etsdk.testing import resident_bytes
 from etsdk_tensorrt.onnx_export import _save
-
-
-def _resident(address: int) -> int:
-    """Resident bytes of the mapping holding ``address`` (/proc/self/smaps)."""
-    inside = False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split()[0]
-        if "-" in head and not head.endswith(":"):
-            low, high = (int(x, 16) for x in head.split("-"))
-            inside = low <= address < high
-        elif inside and head == "Rss:":
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no mapping holds the address")
 
 
 @pytest.mark.skipif(not Path("/proc/self/smaps").is_file(), reason="reads /proc/self/smaps (Linux)")
@@ -37,7 +25,7 @@ def test_the_onnx_writer_hands_back_each_mapped_weight_once_written(tmp_path: Pa
     program = torch.onnx.export(linear, (torch.randn(1, 1024),), dynamo=True, optimize=False, verbose=False)
     assert program is not None
     _save(program.model, tmp_path / "model.onnx")
-    assert _resident(weight.data_ptr()) < 2 * mmap.PAGESIZE  # every page read by the writer went back
+    assert resident_bytes(weight.data_ptr()) < 2 * mmap.PAGESIZE  # every page read by the writer went back
     model = onnx.load(str(tmp_path / "model.onnx"))  # external data read from model.onnx.data
     (initializer,) = model.graph.initializer
     assert torch.equal(torch.from_numpy(onnx.numpy_helper.to_array(initializer).copy()), values)

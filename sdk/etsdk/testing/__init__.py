@@ -8,10 +8,12 @@
 * :func:`capture_delegates` / :func:`transform_payloads` /
   :func:`with_required_feature`: see and change what an export hands to backends.
 * :func:`memory_cgroup`: run a command under a memory limit (needs root).
+* :func:`resident_bytes`: how much of a mapping (a memory-mapped file's) the process holds (Linux).
 """
 
 from etsdk.testing.cgroups import MemoryCgroup, memory_cgroup
 from etsdk.testing.delegates import CapturedDelegate, capture_delegates, transform_payloads, with_required_feature
+from etsdk.testing.memory import resident_bytes
 from etsdk.testing.plugins import PluginSite
 
 __all__ = [
@@ -24,6 +26,7 @@ __all__ = [
     "kv_decoder_contract",
     "kv_decoder_methods",
     "memory_cgroup",
+    "resident_bytes",
     "transform_payloads",
     "with_required_feature",
 ]
