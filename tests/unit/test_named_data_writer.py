@@ -166,6 +166,8 @@ def test_release_mapped_weights_hands_back_what_a_converter_read(mapped: tuple[t
     assert resident_bytes(weight.data_ptr()) < 3 * mmap.PAGESIZE  # the header's page and the partial last one at most
     assert resident_bytes(anonymous.data_ptr()) >= anonymous.numel() * 4
     assert torch.equal(weight, values)  # the mapping reads the file again
+    with pytest.raises(ExportError, match="release_mapped_weights takes tensors, found ndarray"):
+        release_mapped_weights([weight, values.numpy()])
 
 
 def test_anonymous_memory_is_never_advised() -> None:

@@ -102,12 +102,19 @@ def release_mapped_weights(tensors: Iterable[Any]) -> int:
     Call it after reading such weights outside etsdk (a converter writing them into a file of its own, such as
     ``torch.onnx.export``'s external data): read pages of a mapped file stay in the process until handed back, so
     a model's worth would otherwise count in the export's resident memory. They stay in the page cache, and the
-    mapping reads them again when touched; anonymous memory and pages changed in memory are left as they are."""
+    mapping reads them again when touched; anonymous memory and pages changed in memory are left as they are.
+    A value that is not a tensor is an :class:`~etsdk.errors.ExportError` naming its type."""
+    import torch
+
     from etsdk._format.mapped_pages import release_file_pages
 
     released = 0
     seen: set[int] = set()
-    for tensor in tensors:
+    given = list(tensors)
+    for tensor in given:  # every value checked before any page is handed back
+        if not isinstance(tensor, torch.Tensor):
+            raise ExportError(f"release_mapped_weights takes tensors, found {type(tensor).__name__}")
+    for tensor in given:
         data = tensor.detach()
         if data.device.type != "cpu" or not data.is_contiguous() or data.data_ptr() in seen:
             continue

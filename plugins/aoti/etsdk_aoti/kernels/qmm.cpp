@@ -623,7 +623,7 @@ void a8_rows(const Weights& w, const S* scales, const S* mins, const QuantizedX*
 // its gate / up) cost one start of the team and one rounding of x, not one each. Every row multiplies integers:
 // a chunk of 16 weight rows is multiplied by each row of x while it is in the cache (prefill reads each weight
 // once, as decode does).
-void gemv_a8(const A8Part* parts, int64_t count, const float* x, int64_t m_rows, int64_t ldy) {
+void a8_products(const A8Part* parts, int64_t count, const float* x, int64_t m_rows, int64_t ldy) {
   const int64_t chunk = 16;
   std::vector<int64_t> first(count + 1, 0);  // parts[p] owns the chunks [first[p], first[p + 1])
   for (int64_t p = 0; p < count; ++p) first[p + 1] = first[p] + (parts[p].w.n + chunk - 1) / chunk;
@@ -781,7 +781,7 @@ AOTITorchError qmm_a8(AtenTensorHandle x, const AtenTensorHandle* qdata, const A
   if (m_rows == 0 || n == 0) return AOTI_TORCH_SUCCESS;
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
   for (int64_t p = 0, column = 0; p < count; column += parts[p].w.n, ++p) parts[p].y = y + column;
-  gemv_a8(parts.data(), count, xf, m_rows, n);
+  a8_products(parts.data(), count, xf, m_rows, n);
 #else
   std::vector<float> rounded(m_rows * k);
   fake_quantize_rows(xf, m_rows, k, rounded.data());
