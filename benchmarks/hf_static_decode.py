@@ -543,6 +543,12 @@ def main() -> None:
     out["etsdk_vs_etsdk_float_decode"] = out["etsdk_tokens_per_s"] / floating if floating is not None else None
     llama = out["llama_cpp_tokens_per_s"]
     out["etsdk_vs_llama_cpp_decode"] = out["etsdk_tokens_per_s"] / llama if llama is not None else None
+    from etsdk.backend import host_cpu
+    from etsdk_aoti.kernels import current_level
+
+    out["cpu"] = host_cpu().describe()  # every figure's machine, and the level etsdk's kernels ran at (ETSDK_AOTI_ISA)
+    out["kernel_level"] = current_level().name
+    print(f"cpu: {out['cpu']}; etsdk-aoti kernel level: {out['kernel_level']}", file=sys.stderr, flush=True)
     print(json.dumps(out))
 
 

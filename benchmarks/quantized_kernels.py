@@ -11,6 +11,13 @@ head) and for decode (M=1) and prefill (M=``--prefill``), times ``x @ w.T``:
 * ``aten_int8`` / ``aten_int4_g32``: ``torch._weight_int8pack_mm`` and ``torch._weight_int4pack_mm_for_cpu`` on
   the same weights (what AOTInductor would call for torchao-style weight-only int8 / int4).
 
+* ``etsdk_int8_g64`` / ``etsdk_int4_g32_min_f16_a8``: the formats ``etsdk export --quantize int8`` / ``int4`` mean.
+
+``--levels L1,L2`` (or ``all``: every level this host runs) times etsdk's kernels at each instruction-set level
+(``etsdk_aoti.kernels.use_level``), interleaved, as ``<kernel>_<level>`` (``etsdk_int8_g64_avx2``); without it they
+run at the process's level (the host's best, or ``ETSDK_AOTI_ISA``'s), named as they are. ``cpu`` (the host's CPU
+and features) and ``kernel_levels`` (the levels timed) are in the JSON, and on stderr before the figures.
+
 Rounds interleave the kernels; medians reported, in microseconds, and each kernel's speed-up over ``fp32``
 (``<kernel>_over_fp32_<shape>_m<M>``, > 1 is faster). ``--threads N`` sets torch's (and the kernels') team.
 Last line: JSON with every median and ratio.
@@ -44,21 +51,43 @@ def _timed(fn: Callable[[], Any], repeats: int) -> float:
     return (time.perf_counter() - started) / repeats * 1e6
 
 
-def _kernels(weight: torch.Tensor, x: torch.Tensor) -> dict[str, Callable[[], Any]]:
+def _at(level: str | None, fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn`` run with the kernels at ``level`` (None: as they are)."""
+    if level is None:
+        return fn
+
+    def run() -> Any:
+        if kernels.current_level().name != level:
+            kernels.use_level(level)
+        return fn()
+
+    return run
+
+
+def _kernels(weight: torch.Tensor, x: torch.Tensor, levels: list[str | None]) -> dict[str, Callable[[], Any]]:
     int8 = quantize_weight(weight, WeightFormat.parse("int8"))
     int8_g = quantize_weight(weight, WeightFormat.parse("int8:g32"))
+    int8_g64 = quantize_weight(weight, WeightFormat.parse("int8:g64"))
     int4 = quantize_weight(weight, WeightFormat.parse("int4:g32"))
+    int4_min = quantize_weight(weight, WeightFormat.parse("int4:g32:min:f16:a8"))
     packed = torch._convert_weight_to_int4pack_for_cpu(unpack_int4(int4["qdata"]).to(torch.int32), 1)
     scales_zeros = torch.stack([int4["scales"].t(), torch.zeros_like(int4["scales"].t())], -1).contiguous()
-    return {
-        "fp32": lambda: torch.mm(x, weight.t()),
+    etsdk = {
         "etsdk_int8": lambda: kernels.qmm(x, int8["qdata"], int8["scales"], bits=8, group=0),
         "etsdk_int8_g32": lambda: kernels.qmm(x, int8_g["qdata"], int8_g["scales"], bits=8, group=32),
+        "etsdk_int8_g64": lambda: kernels.qmm(x, int8_g64["qdata"], int8_g64["scales"], bits=8, group=64),
         "etsdk_int4_g32": lambda: kernels.qmm(x, int4["qdata"], int4["scales"], bits=4, group=32),
         "etsdk_int4_g32_a8": lambda: kernels.qmm(x, int4["qdata"], int4["scales"], bits=4, group=32, int8_activations=True),
-        "aten_int8": lambda: torch._weight_int8pack_mm(x, int8["qdata"], int8["scales"]),
-        "aten_int4_g32": lambda: torch._weight_int4pack_mm_for_cpu(x, packed, 32, scales_zeros),
+        "etsdk_int4_g32_min_f16_a8": lambda: kernels.qmm(
+            x, int4_min["qdata"], int4_min["scales"], int4_min["mins"], bits=4, group=32, int8_activations=True
+        ),
     }
+    found: dict[str, Callable[[], Any]] = {"fp32": lambda: torch.mm(x, weight.t())}
+    for level in levels:
+        found.update({name if level is None else f"{name}_{level}": _at(level, fn) for name, fn in etsdk.items()})
+    found["aten_int8"] = lambda: torch._weight_int8pack_mm(x, int8["qdata"], int8["scales"])
+    found["aten_int4_g32"] = lambda: torch._weight_int4pack_mm_for_cpu(x, packed, 32, scales_zeros)
+    return found
 
 
 def main() -> None:
@@ -66,8 +95,20 @@ def main() -> None:
     parser.add_argument("--prefill", type=int, default=64, help="M of the prefill product")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--levels", default=None, help="kernel levels to time, comma-separated, or all (default: the process's)")
     parser.add_argument("--smoke", action="store_true", help="one small shape, M in (1, 8), one round")
     args = parser.parse_args()
+    from etsdk.backend import host_cpu
+    from etsdk_aoti.kernels import runnable_levels
+
+    if args.levels is None:
+        levels: list[str | None] = [None]
+    elif args.levels == "all":
+        levels = [lv.name for lv in runnable_levels()]
+    else:
+        levels = [name.strip() for name in args.levels.split(",") if name.strip()]
+        for name in levels:
+            kernels.use_level(name)  # refuses a level this host cannot run, before any timing
     if args.threads:
         torch.set_num_threads(args.threads)
     shapes = {"small": (64, 128)} if args.smoke else SHAPES
@@ -79,7 +120,7 @@ def main() -> None:
         weight = torch.randn(n, k, generator=generator)
         for m in rows_list:
             x = torch.randn(m, k, generator=generator)
-            cases[(name, m)] = _kernels(weight, x)
+            cases[(name, m)] = _kernels(weight, x, levels)
     times: dict[tuple[str, int, str], list[float]] = {}
     for r in range(rounds):
         for (name, m), found in cases.items():
@@ -87,7 +128,12 @@ def main() -> None:
             repeats = 3 if args.smoke else max(3, int(2e5 / (shapes[name][0] * shapes[name][1] / 1e3 * m)) + 3)
             for kernel in order:
                 times.setdefault((name, m, kernel), []).append(_timed(found[kernel], repeats))
-    out: dict[str, Any] = {"threads": torch.get_num_threads(), "rounds": rounds, "shapes": {k: list(v) for k, v in shapes.items()}}
+    timed_levels = [level or kernels.current_level().name for level in levels]
+    out: dict[str, Any] = {
+        "threads": torch.get_num_threads(), "rounds": rounds, "shapes": {k: list(v) for k, v in shapes.items()},
+        "cpu": host_cpu().describe(), "kernel_levels": timed_levels,
+    }
+    print(f"cpu: {out['cpu']}; kernel levels: {', '.join(timed_levels)}", file=sys.stderr, flush=True)
     for (name, m, kernel), values in times.items():
         out[f"{kernel}_us_{name}_m{m}"] = statistics.median(values)
     for (name, m, kernel) in times:

@@ -65,6 +65,7 @@ from etsdk._export.partition import (
 from etsdk._format.blob import BlobReader, BlobWriter
 from etsdk._format.dtypes import dtype_name, torch_dtype
 from etsdk._format.weight_format import WeightFormat, WeightLayout, WeightUse
+from etsdk._host_cpu import CpuTarget, HostCpu, cpu_target, cpu_target_names, host_cpu
 from etsdk._plugins.specs import Availability, BackendSpec, Capability, Option
 from etsdk._runtime.bridge import DelegateHandle, InitContext, NamedData, RuntimeBinding, readonly_tensor
 from etsdk._runtime.bridge.build import build_native_library, cache_dir
@@ -93,8 +94,10 @@ __all__ = [
     "BlobWriter",
     "Capability",
     "Constant",
+    "CpuTarget",
     "DelegateHandle",
     "DelegateSignature",
+    "HostCpu",
     "InitContext",
     "NamedData",
     "NamedDataWriter",
@@ -114,6 +117,8 @@ __all__ = [
     "attention_rows_read",
     "build_native_library",
     "call_arguments",
+    "cpu_target",
+    "cpu_target_names",
     "calls_attention",
     "cache_dir",
     "dequantize",
@@ -121,6 +126,7 @@ __all__ = [
     "dequantize_rows",
     "dtype_name",
     "filled_rows",
+    "host_cpu",
     "quantize_activations",
     "quantize_rows",
     "quantized_call",

@@ -69,6 +69,8 @@ EXPECTED_KEYS: dict[str, set[str]] = {
         "parameters",
     },
     "hf_static_decode": {
+        "cpu",
+        "kernel_level",
         "parameters",
         "weight_bytes",
         "float_weight_bytes",
@@ -111,7 +113,9 @@ EXPECTED_KEYS: dict[str, set[str]] = {
         "rounds",
         "shapes",
         "fp32_us_small_m1",
-        *(f"{k}_over_fp32_small_m{m}" for k in ("etsdk_int8", "etsdk_int8_g32", "etsdk_int4_g32", "etsdk_int4_g32_a8", "aten_int8", "aten_int4_g32") for m in (1, 8)),
+        *(f"{k}_over_fp32_small_m{m}" for k in ("etsdk_int8", "etsdk_int8_g32", "etsdk_int8_g64", "etsdk_int4_g32", "etsdk_int4_g32_a8", "etsdk_int4_g32_min_f16_a8", "aten_int8", "aten_int4_g32") for m in (1, 8)),
+        "cpu",
+        "kernel_levels",
     },
     "quantized_quality": {
         "model",
@@ -153,6 +157,8 @@ EXPECTED_KEYS: dict[str, set[str]] = {
 
 #: variants whose last line has other keys than the script's plain run (``--shape``: one entry per shape)
 VARIANT_KEYS = {
+    # every kernel level this host runs, interleaved: the portable level is one every host has
+    "quantized_kernels--levelsall": {"cpu", "kernel_levels", "etsdk_int8_g64_portable_over_fp32_small_m1", "etsdk_int4_g32_min_f16_a8_portable_over_fp32_small_m8"},
     "hf_static_export_memory--shapesmollm2-360m--quantizeint8": {"shapes", "export_seconds_per_billion_parameters"},
 }
 
@@ -163,6 +169,7 @@ SCRIPTS = sorted({p.stem for p in BENCHMARKS.glob("*.py")} | set(EXPECTED_KEYS))
 #: further smoke runs of one script with other flags: (script, flags), each its own test
 VARIANTS = [
     ("hf_static_decode", ["--quantize", "int4"]),  # the quantized paths (llama.cpp is a benchmark-only install)
+    ("quantized_kernels", ["--levels", "all"]),  # the kernels at every instruction-set level this host runs
     ("hf_static_decode", ["--weights-dtype", "bfloat16"]),  # 16-bit weights beside the float32 program
     # export from a checkpoint directory, the model built on the meta device (the default load: the --shape run)
     ("hf_static_export_memory", ["--checkpoint", "bfloat16", "--meta-trace"]),

@@ -192,3 +192,71 @@ def test_an_old_program_record_still_loads_and_stays_unverifiable(tmp_path: Path
     assert "1 unverifiable (key is not a content hash: 'etsdk/program')" in result.stdout
     assert "re-export to make it verifiable" in result.stdout
     assert "etsdk/program  " in _inspect(str(old)).stdout
+
+
+def _describing(monkeypatch: pytest.MonkeyPatch, describe: object) -> None:
+    """The reference backend's spec as if its plugin declared ``describe_payload=describe``."""
+    from etsdk._plugins import registry
+    from etsdk.reference_backend import BACKEND_ID
+
+    real = registry.get_backend
+
+    def get_backend(backend_id: str, **kwargs: object) -> object:
+        spec = real(backend_id, **kwargs)  # type: ignore[arg-type]
+        return dataclasses.replace(spec, describe_payload=describe) if backend_id == BACKEND_ID else spec
+
+    monkeypatch.setattr(registry, "get_backend", get_backend)
+
+
+def test_a_plugin_describes_its_payloads_under_its_delegates(toy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import hashlib
+
+    from etsdk._runtime.inspection import inspect_program
+
+    seen: list[bytes] = []
+
+    def describe(payload: memoryview) -> list[str]:
+        seen.append(bytes(payload))
+        return ["built for: a toy", f"{payload.nbytes} bytes"]
+
+    _describing(monkeypatch, describe)
+    report = inspect_program(toy)
+    delegates = {m.name: m.delegates[0] for m in report.methods}
+    # the payload the plugin wrote (out of the core's envelope), checked against the program record first
+    sizes = {hashlib.sha256(p).hexdigest(): len(p) for p in seen}
+    assert len(seen) == 2 and set(sizes) == {d.signature.payload_sha256 for d in delegates.values()}
+    for delegate in delegates.values():
+        assert delegate.details == ("built for: a toy", f"{sizes[delegate.signature.payload_sha256]} bytes")
+    text = report.render()
+    assert "        payload: etsdk blob requiring reference.graph.v2" in text and "        built for: a toy" in text
+    assert report.to_json()["methods"]["decode"][0]["details"][0] == "built for: a toy"
+
+    def broken(payload: memoryview) -> list[str]:
+        raise ValueError("cannot read\nthis")
+
+    _describing(monkeypatch, broken)
+    (decode,) = next(m for m in inspect_program(toy).methods if m.name == "decode").delegates
+    assert decode.details == ("payload not described: ValueError: cannot read this",)
+
+
+def test_a_damaged_payload_is_not_handed_to_the_plugin(toy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from etsdk._format.program_file import read_program_file
+    from etsdk._runtime.inspection import inspect_program
+
+    fd = os.open(toy, os.O_RDONLY)
+    try:
+        place = next(p for p in read_program_file(fd).delegates if p.method == "decode")
+    finally:
+        os.close(fd)
+    data = bytearray(toy.read_bytes())
+    data[place.offset + place.size * 3 // 4] ^= 0x40
+    bad = tmp_path / "toy.pte"
+    bad.write_bytes(bytes(data))
+    (tmp_path / "toy.ptd").write_bytes((toy.parent / "toy.ptd").read_bytes())
+    called: list[int] = []
+    _describing(monkeypatch, lambda payload: called.append(1) or ["x"])
+    report = inspect_program(bad)
+    (decode,) = next(m for m in report.methods if m.name == "decode").delegates
+    assert decode.details == ("payload not described: it differs from the program record's (damaged, or another delegate's)",)
+    (prefill,) = next(m for m in report.methods if m.name == "prefill").delegates
+    assert prefill.details == ("x",) and called == [1]

@@ -9,8 +9,27 @@ sections, in this order:
      "num_inputs": int,                     the library's inputs: the delegate's inputs, then its state inputs
      "num_outputs": int,                    the library's outputs: the delegate's outputs
      "library_sha256": str,                 hex SHA-256 of section ``library``
-     "state_inputs": [int]}                 the state bindings (indices into the signature's states) the library
+     "state_inputs": [int],                 the state bindings (indices into the signature's states) the library
                                             takes after the delegate's inputs: every binding, in order
+     "cpu": {...}}                          device "cpu" only (every export since aoti.cpu_target.v1; absent
+                                            in older blobs): what CPU the library's code needs, below
+
+``config.cpu`` (JSON object, keys in this order)::
+
+    {"target": str,                         the CPU target: "native" (the exporting host) or a baseline such as
+                                            "x86-64-v3" (etsdk.backend.cpu_target_names())
+     "machine": str,                        "x86_64", "aarch64", ...
+     "features": [str],                     the instruction-set features the compiled code requires (Linux
+                                            names, sorted, distinct): what a host must have to load it
+     "vec_isa": str,                        Inductor's vector ISA for the library ("avx512", "avx2", "asimd",
+                                            "none")
+     "march": str,                          the -march value Inductor compiled with ("native", "x86-64-v3")
+     "built_on": str,                       the exporting host (HostCpu.describe(): one line)
+     "kernels": "portable"}                 the level etsdk-aoti's own kernels need: they are built on the
+                                            host that runs the program and pick their level there
+
+    A host of another machine, or that lacks one of the features, refuses the blob before the library is written
+    to the cache or loaded (etsdk_aoti.cpu.refusal).
 
 ``constants`` (JSON list): one record per constant the *container* reports, in container order::
 
@@ -30,7 +49,9 @@ sections, in this order:
 ``library``: the compiled ``.so`` (4096-aligned), streamed from Inductor's output file.
 
 Required features (a reader refuses any it does not know): ``aoti.container.v1`` always;
-``aoti.state_inputs.v1`` when ``state_inputs`` is not empty; ``aoti.named_constants.v1`` when a constant has
+``aoti.state_inputs.v1`` when ``state_inputs`` is not empty; ``aoti.cpu_target.v1`` exactly when ``config.cpu``
+is present (a reader that cannot check the host against it must refuse the blob, not run code that may die of an
+illegal instruction); ``aoti.named_constants.v1`` when a constant has
 source "entry" or "derived"; ``aoti.kernels.qmm.v1``, ``aoti.kernels.attention.v1``,
 ``aoti.kernels.attention_int8.v1`` and ``aoti.kernels.linear.v1`` when the library calls the corresponding
 kernel of etsdk-aoti's kernels library (:mod:`etsdk_aoti.kernels`). Blobs of older layouts are refused with the advice to re-export: a constant with
@@ -76,10 +97,15 @@ QMM_A8_FEATURE = "aoti.kernels.qmm_a8.v1"
 QMM_A8_FUSED_FEATURE = "aoti.kernels.qmm_a8_fused.v1"
 #: constants read from their own named-data entries or derived at load (sources "entry" / "derived")
 NAMED_CONSTANTS_FEATURE = "aoti.named_constants.v1"
+#: config ``cpu`` says what CPU the library needs; a reader must check the host against it before loading the
+#: library (an older reader cannot, so it refuses the blob)
+CPU_TARGET_FEATURE = "aoti.cpu_target.v1"
 KNOWN_FEATURES = frozenset(
     {BLOB_FEATURE, STATE_INPUTS_FEATURE, NAMED_CONSTANTS_FEATURE, KERNELS_FEATURE, ATTENTION_FEATURE, ATTENTION_INT8_FEATURE, LINEAR_FEATURE,
-     LINEAR16_FEATURE, QMM_A8_FEATURE, QMM_A8_FUSED_FEATURE}
+     LINEAR16_FEATURE, QMM_A8_FEATURE, QMM_A8_FUSED_FEATURE, CPU_TARGET_FEATURE}
 )
+#: ``config.cpu.kernels``: etsdk-aoti's kernels are built where the program runs and pick their level there
+KERNELS_PORTABLE = "portable"
 
 PRODUCER = "etsdk-aoti"
 CONFIG_SECTION = "config"
@@ -89,6 +115,7 @@ LIBRARY_ALIGNMENT = 4096
 
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+_FEATURE_NAME = re.compile(r"[a-z0-9_]+")
 
 
 class Source(str, enum.Enum):
@@ -109,6 +136,20 @@ LEGACY_SOURCES = {
 
 
 @dataclass(frozen=True, slots=True)
+class CpuRecord:
+    """``config.cpu``: what CPU the library's code needs (see the module docstring)."""
+
+    target: str
+    machine: str
+    #: sorted, distinct Linux feature names
+    features: tuple[str, ...]
+    vec_isa: str
+    march: str
+    built_on: str
+    kernels: str = KERNELS_PORTABLE
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """Section ``config``."""
 
@@ -117,6 +158,8 @@ class Config:
     num_outputs: int
     library_sha256: str
     state_inputs: tuple[int, ...]
+    #: what CPU the library needs (device "cpu"; None in blobs written before ``aoti.cpu_target.v1``)
+    cpu: CpuRecord | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,6 +253,8 @@ class AotiBlob:
             features.append(QMM_A8_FEATURE)
         if self.calls_qmm_a8_fused:
             features.append(QMM_A8_FUSED_FEATURE)
+        if self.config.cpu is not None:
+            features.append(CPU_TARGET_FEATURE)
         return features
 
     @property
@@ -234,13 +279,25 @@ def library_sha256(library: Path | bytes | memoryview) -> str:
 
 
 def _config_json(config: Config) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "device": config.device,
         "num_inputs": config.num_inputs,
         "num_outputs": config.num_outputs,
         "library_sha256": config.library_sha256,
         "state_inputs": list(config.state_inputs),
     }
+    if config.cpu is not None:
+        cpu = config.cpu
+        out["cpu"] = {
+            "target": cpu.target,
+            "machine": cpu.machine,
+            "features": list(cpu.features),
+            "vec_isa": cpu.vec_isa,
+            "march": cpu.march,
+            "built_on": cpu.built_on,
+            "kernels": cpu.kernels,
+        }
+    return out
 
 
 def _constant_json(constant: Constant) -> dict[str, Any]:
@@ -303,6 +360,12 @@ def decode(payload: memoryview | bytes, *, state_bindings: int | None = None) ->
             f"etsdk-aoti blob: config.state_inputs names {len(config.state_inputs)} state binding(s), but the blob "
             f"does not require {STATE_INPUTS_FEATURE} (it requires {', '.join(reader.required_features)})"
         )
+    if (config.cpu is not None) != (CPU_TARGET_FEATURE in reader.required_features):
+        has = "has config.cpu" if config.cpu is not None else "has no config.cpu"
+        raise BlobFormatError(
+            f"etsdk-aoti blob: it {has}, which goes with requiring {CPU_TARGET_FEATURE} "
+            f"(it requires {', '.join(reader.required_features)})"
+        )
     raw = _json(reader, CONSTANTS_SECTION)
     if not isinstance(raw, list):
         raise BlobFormatError(f"etsdk-aoti blob: section '{CONSTANTS_SECTION}' must be a list, found {type(raw).__name__}")
@@ -328,6 +391,25 @@ def decode(payload: memoryview | bytes, *, state_bindings: int | None = None) ->
         calls_linear16=LINEAR16_FEATURE in features, calls_qmm_a8=QMM_A8_FEATURE in features,
         calls_qmm_a8_fused=QMM_A8_FUSED_FEATURE in features,
     )
+
+
+def describe(blob: AotiBlob) -> list[str]:
+    """What ``etsdk inspect`` shows of a decoded blob: the device, and for the CPU what code it holds."""
+    config = blob.config
+    size = f"library {len(blob.library) if not isinstance(blob.library, Path) else blob.library.stat().st_size} bytes"
+    lines = [f"device {config.device}, {size}, {len(blob.constants)} constant(s)"]
+    cpu = config.cpu
+    if cpu is None:
+        if config.device == "cpu":
+            lines.append(f"cpu target: not recorded (written before {CPU_TARGET_FEATURE}): built for its exporting host")
+        return lines
+    needs = " ".join(cpu.features) or "nothing beyond the baseline"
+    lines += [
+        f"cpu target: {cpu.target} ({cpu.machine}): needs {needs}",
+        f"cpu code: vector ISA {cpu.vec_isa}, -march={cpu.march}; etsdk-aoti kernels {cpu.kernels} (built where it runs)",
+        f"built on: {cpu.built_on}",
+    ]
+    return lines
 
 
 def _json(reader: BlobReader, name: str) -> Any:
@@ -405,12 +487,44 @@ def _parse_config(raw: Any, state_bindings: int | None) -> Config:
         raise BlobFormatError(
             f"etsdk-aoti blob: config.state_inputs must be {expected} (every state binding in order), found {indices!r}"
         )
+    cpu = None
+    if "cpu" in f.obj:
+        if device != "cpu":
+            raise f.fail("cpu", f"absent for device {device!r} (it describes CPU code)")
+        cpu = _parse_cpu(f.obj["cpu"])
     return Config(
         device=device,
         num_inputs=f.size("num_inputs"),
         num_outputs=f.size("num_outputs"),
         library_sha256=sha,
         state_inputs=tuple(indices),
+        cpu=cpu,
+    )
+
+
+def _parse_cpu(raw: Any) -> CpuRecord:
+    f = _Fields(raw, f"{CONFIG_SECTION}.cpu")
+    machine = f.text("machine")
+    if not _FEATURE_NAME.fullmatch(machine):
+        raise f.fail("machine", "a machine name such as 'x86_64' or 'aarch64'")
+    features = f.get("features")
+    if (
+        not isinstance(features, list)
+        or not all(isinstance(x, str) and _FEATURE_NAME.fullmatch(x) for x in features)
+        or features != sorted(set(features))
+    ):
+        raise f.fail("features", "a sorted list of distinct feature names (lowercase letters, digits, '_')")
+    kernels = f.text("kernels")
+    if kernels != KERNELS_PORTABLE:
+        raise f.fail("kernels", repr(KERNELS_PORTABLE))
+    return CpuRecord(
+        target=f.text("target"),
+        machine=machine,
+        features=tuple(features),
+        vec_isa=f.text("vec_isa"),
+        march=f.text("march"),
+        built_on=f.text("built_on"),
+        kernels=kernels,
     )
 
 

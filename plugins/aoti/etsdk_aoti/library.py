@@ -29,16 +29,18 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import functools
 import hashlib
 import logging
 import os
+import re
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from etsdk import BackendError
+from etsdk import BackendError, ExportError
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +81,129 @@ class ContainerConstant:
     folded: bool
     dtype_code: int
     nbytes: int
+
+
+#: Inductor's ``ConstantType`` enumerators (``torch::aot_inductor::ConstantType``) in the container's numbering
+_SOURCE_KINDS = {
+    "Unknown": ConstantKind.UNKNOWN,
+    "Parameter": ConstantKind.PARAMETER,
+    "Buffer": ConstantKind.BUFFER,
+    "TensorConstant": ConstantKind.TENSOR_CONSTANT,
+    "FoldedConstant": ConstantKind.FOLDED,
+}
+_MODEL_BASE = re.compile(r"AOTInductorModelBase\(\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*,")
+_CONSTANT_FIELD = re.compile(r"^\s*constants_info_\[(\d+)\]\.(\w+)\s*=\s*(.*?);\s*$", re.MULTILINE)
+_STRING = re.compile(r'"((?:[^"\\]|\\.)*)"')
+_SOURCE_VALUES = {
+    "name": _STRING,
+    "original_fqn": _STRING,
+    "dtype": re.compile(r"cached_torch_dtype_(\w+)"),
+    "data_size": re.compile(r"(\d+)"),
+    "from_folded": re.compile(r"(true|false)"),
+    "type": re.compile(r"static_cast<int32_t>\(torch::aot_inductor::ConstantType::(\w+)\)"),
+}
+
+
+@functools.cache
+def torch_dtype_code(name: str) -> int | None:
+    """The ScalarType code torch's C shim gives dtype ``name`` (``aoti_torch_dtype_float32()`` -> 6): the code a
+    container reports for a constant whose generated source says ``cached_torch_dtype_<name>``; None if torch has
+    no such dtype. Calls torch's own library, never generated code."""
+    import torch
+
+    try:
+        function = getattr(ctypes.CDLL(torch._C.__file__), f"aoti_torch_dtype_{name}")
+    except (AttributeError, OSError):
+        return None
+    function.restype = ctypes.c_int32
+    function.argtypes = []
+    return int(function())
+
+
+class GeneratedSource:
+    """The container's metadata as Inductor's generated wrapper source (``*.wrapper.cpp``) declares it, read
+    without loading the compiled library: for a library compiled for a CPU this host cannot run.
+
+    The same attributes as :class:`Library` for what the serializer reads (``num_inputs``, ``num_outputs``,
+    :meth:`constants`): the model's ``AOTInductorModelBase(num_inputs, num_outputs, num_constants, ...)`` and
+    each ``constants_info_[i]``'s ``name``, ``dtype``, ``data_size``, ``from_folded``, ``type`` and
+    ``original_fqn``. The runtime compares them with what the container reports when the library loads.
+    """
+
+    def __init__(self, path: Path, num_inputs: int, num_outputs: int, constants: list[ContainerConstant]) -> None:
+        self.path = path
+        self.num_inputs = num_inputs
+        self.num_outputs = num_outputs
+        self._constants = constants
+
+    @classmethod
+    def read(cls, directory: Path) -> GeneratedSource:
+        """The metadata of the one ``*.wrapper.cpp`` under ``directory``; :class:`etsdk.ExportError` naming what
+        was expected and what was found when there is not exactly one or it does not parse."""
+        sources = sorted(directory.rglob("*.wrapper.cpp"))
+        if len(sources) != 1:
+            found = ", ".join(p.name for p in sources) or "none"
+            raise ExportError(f"etsdk-aoti: expected one Inductor wrapper source (*.wrapper.cpp) in {directory}, found {found}")
+        return cls.parse(sources[0].read_text(encoding="utf-8", errors="replace"), sources[0])
+
+    @classmethod
+    def parse(cls, text: str, path: Path) -> GeneratedSource:
+        where = f"etsdk-aoti: Inductor's generated source {path.name}"
+        bases = _MODEL_BASE.findall(text)
+        if len(bases) != 1:
+            raise ExportError(
+                f"{where}: expected one AOTInductorModelBase(num_inputs, num_outputs, num_constants, ...), found {len(bases)}"
+            )
+        num_inputs, num_outputs, count = (int(v) for v in bases[0])
+        fields: dict[int, dict[str, str]] = {}
+        for index, key, value in _CONSTANT_FIELD.findall(text):
+            pattern = _SOURCE_VALUES.get(key)
+            if pattern is None:
+                continue  # device_type, offset, shape, stride, layout: not part of the container's metadata
+            match = pattern.fullmatch(value.strip())
+            if match is None:
+                raise ExportError(f"{where}: constants_info_[{index}].{key} is {value.strip()!r}, expected {pattern.pattern}")
+            fields.setdefault(int(index), {})[key] = match.group(1)
+        if sorted(fields) != list(range(count)):
+            raise ExportError(
+                f"{where}: the model declares {count} constant(s), constants_info_ describes indices {sorted(fields)[:16]}"
+            )
+        constants = []
+        for index in range(count):
+            found = fields[index]
+            absent = [k for k in _SOURCE_VALUES if k not in found]
+            if absent:
+                raise ExportError(f"{where}: constants_info_[{index}] sets no {', '.join(absent)}")
+            code = torch_dtype_code(found["dtype"])
+            if code is None:
+                raise ExportError(f"{where}: constants_info_[{index}].dtype names cached_torch_dtype_{found['dtype']}, which torch does not know")
+            kind = _SOURCE_KINDS.get(found["type"])
+            if kind is None:
+                raise ExportError(
+                    f"{where}: constants_info_[{index}].type is ConstantType::{found['type']}, expected one of {', '.join(_SOURCE_KINDS)}"
+                )
+            constants.append(
+                ContainerConstant(
+                    index=index,
+                    name=_unescape(found["name"]),
+                    fqn=_unescape(found["original_fqn"]),
+                    kind=kind,
+                    folded=found["from_folded"] == "true",
+                    dtype_code=code,
+                    nbytes=int(found["data_size"]),
+                )
+            )
+        return cls(path, num_inputs, num_outputs, constants)
+
+    def constants(self) -> list[ContainerConstant]:
+        return list(self._constants)
+
+    def close(self) -> None:
+        """Nothing to release (nothing was loaded)."""
+
+
+def _unescape(text: str) -> str:
+    return re.sub(r"\\(.)", r"\1", text)
 
 
 class _Entry(ctypes.Structure):

@@ -15,6 +15,7 @@ from etsdk_aoti import BACKEND_ID
 
 DEVICE_SPEC = "device"
 KERNEL_THREADS_SPEC = "kernel_threads"
+CPU_TARGET_SPEC = "cpu_target"
 #: Operators kept out of ExecuTorch's decompositions: Inductor has a fused attention lowering for SDPA.
 #: Measured on a 26M-parameter decoder (decode ms/step, 2 cores, alternating runs): attention kept whole
 #: 7.1-9.3, nothing kept 6.7-9.4, every ATen op kept whole (as ExecuTorch's stock AOTI partitioner does) 9.5-11.8.
@@ -33,18 +34,35 @@ class AotiPartitioner(OperatorPartitioner):
     cache writes) and each parallel region is a point where a step waits for a descheduled thread under
     contention; a model dominated by large elementwise work may want -1. GEMMs and attention always use the
     caller's team.
+
+    ``cpu_target``: the CPU the generated code is compiled for (device ``cpu``): ``native`` (default: this
+    host's every feature) or a baseline a fleet shares, one of :func:`etsdk.backend.cpu_target_names`
+    (``x86-64-v3``: AVX2; ``x86-64-v4``: AVX-512); :mod:`etsdk_aoti.cpu`. The blob records it and a host that
+    lacks one of its features refuses the program at load.
     """
 
-    def __init__(self, device: str | None = None, kernel_threads: int = 1) -> None:
+    def __init__(self, device: str | None = None, kernel_threads: int = 1, cpu_target: str = "native") -> None:
+        from etsdk.backend import cpu_target_names
+
         self.device = device or default_device()
         if self.device not in {"cpu", "cuda"} and not self.device.startswith("cuda:"):
             raise ValueError(f"etsdk-aoti compiles for 'cpu' or 'cuda', got device {self.device!r}")
         if isinstance(kernel_threads, bool) or not isinstance(kernel_threads, int) or not (kernel_threads == -1 or kernel_threads >= 1):
             raise ExportError(f"etsdk-aoti kernel_threads must be -1 (the caller's team) or >= 1, found {kernel_threads!r}")
+        if not isinstance(cpu_target, str) or cpu_target not in cpu_target_names():
+            raise ExportError(f"etsdk-aoti cpu_target must be one of {', '.join(cpu_target_names())}, found {cpu_target!r}")
+        if cpu_target != "native" and self.device != "cpu":
+            raise ExportError(
+                f"etsdk-aoti cpu_target {cpu_target!r} applies to device 'cpu'; this partition compiles for {self.device!r}"
+            )
         self.kernel_threads = kernel_threads
+        self.cpu_target = cpu_target
+        specs = {DEVICE_SPEC: self.device.encode(), KERNEL_THREADS_SPEC: str(kernel_threads).encode()}
+        if cpu_target != "native":  # the serializer's default: programs exported for native keep their specs
+            specs[CPU_TARGET_SPEC] = cpu_target.encode()
         super().__init__(
             BACKEND_ID,
             keep_whole=KEEP_WHOLE,
-            compile_specs={DEVICE_SPEC: self.device.encode(), KERNEL_THREADS_SPEC: str(kernel_threads).encode()},
+            compile_specs=specs,
             state_device="cuda" if self.device.startswith("cuda") else "cpu",
         )

@@ -2,7 +2,9 @@
 
 ``init`` checks everything before anything can run: the blob itself
 (:func:`etsdk_aoti.blob_format.decode`: features, every field, ``state_inputs``
-against the delegate's state bindings, the library's SHA-256), the container's
+against the delegate's state bindings, the library's SHA-256), the host's CPU
+against the features the library's code needs (``config.cpu``, checked before the
+library is written to the cache or loaded: :func:`etsdk_aoti.cpu.refusal`), the container's
 constants against the recorded descriptions (name, FQN, kind, folded, dtype,
 size), the weights entry's size, each bound tensor's dtype and shape,
 and the completeness rule: folded constants, buffers, tensor constants and
@@ -28,9 +30,9 @@ from typing import Any
 
 import torch
 from etsdk import BackendUnavailableError, BlobFormatError, ProgramError
-from etsdk.backend import InitContext, dtype_name, torch_dtype
+from etsdk.backend import InitContext, dtype_name, host_cpu, torch_dtype
 
-from etsdk_aoti import BACKEND_ID, blob_format, weights
+from etsdk_aoti import BACKEND_ID, blob_format, cpu, weights
 from etsdk_aoti.blob_format import AotiBlob, Source
 from etsdk_aoti.library import ConstantKind, Library, cached_library
 from etsdk_aoti.threads import TeamSize
@@ -105,6 +107,10 @@ class AotiBinding:
                 backend_id=BACKEND_ID,
             )
         assert isinstance(blob.library, memoryview)  # decode's zero-copy view, its hash checked
+        if blob.config.cpu is not None:  # never load code compiled for a CPU this host is not: it would die of SIGILL
+            why = cpu.refusal(blob.config.cpu, host_cpu())
+            if why is not None:
+                raise BackendUnavailableError(why, backend_id=BACKEND_ID)
         if blob.calls_native:
             from etsdk_aoti import kernels
 

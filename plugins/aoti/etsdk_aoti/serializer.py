@@ -24,6 +24,13 @@ and a weight another delegate of the program reads too is stored once.
 Quantized weights are rewritten onto etsdk-aoti's kernels first
 (:mod:`etsdk_aoti.quantized`).
 Compilation uses Inductor options only (no patching of torch or executorch).
+
+CPU code is compiled for the partition's CPU target (:mod:`etsdk_aoti.cpu`:
+``cpp.march`` / ``cpp.simdlen``), recorded in ``config.cpu``. Where this host
+cannot run that target, the compiled library is never loaded here: the
+container's metadata is read from Inductor's generated source instead
+(:class:`etsdk_aoti.library.GeneratedSource`), and the runtime checks it
+against the container when the library first loads on a host that runs it.
 """
 
 from __future__ import annotations
@@ -38,15 +45,15 @@ from typing import Any
 
 import torch
 from etsdk import ExportError
-from etsdk.backend import DelegateSignature, Partition, StateBinding, dtype_name
+from etsdk.backend import DelegateSignature, Partition, StateBinding, dtype_name, host_cpu
 
-from etsdk_aoti import blob_format, kernels, weights
+from etsdk_aoti import blob_format, cpu, kernels, weights
 from etsdk_aoti.attention import kernel_attention, kernel_attention_int8, rewrite_attention
 from etsdk_aoti.blob_format import AotiBlob, Config, Constant, Derivation, Source, TensorView
 from etsdk_aoti.float_linear import kernel_linear, kernel_linear16, rewrite_float_linears
-from etsdk_aoti.library import ConstantKind, Library
+from etsdk_aoti.library import ConstantKind, ContainerConstant, GeneratedSource, Library
 from etsdk_aoti.op_names import op_name as _op_name
-from etsdk_aoti.partitioner import DEVICE_SPEC, KERNEL_THREADS_SPEC
+from etsdk_aoti.partitioner import CPU_TARGET_SPEC, DEVICE_SPEC, KERNEL_THREADS_SPEC
 from etsdk_aoti.quantized import Derived, check_device, rewrite_quantized
 from etsdk_aoti.quantized import linear as _qmm_linear
 from etsdk_aoti.quantized import linear_a8 as _qmm_linear_a8
@@ -288,12 +295,14 @@ def compile_partition(
     states: Sequence[StateBinding] = (),
     weights: frozenset[str] = frozenset(),
     kernel_threads: int = 1,
+    target_options: Mapping[str, Any] | None = None,
 ) -> Compiled:
     """AOTInductor-compile the partition with ``states`` as inputs after the engine inputs.
 
     ``weights``: the placeholders of the partition's constants (read in place, never copied per call).
     ``kernel_threads``: Inductor's ``cpp.threads`` for the generated CPU kernels (1: on the calling thread, so
     small decode kernels open no parallel region that a descheduled thread can stall; -1: the caller's team).
+    ``target_options``: Inductor's options of the CPU target (:attr:`etsdk_aoti.cpu.Build.options`).
     Quantized-weight calls, attention and few-row float32 products are rewritten onto etsdk-aoti's kernels first
     (:mod:`etsdk_aoti.quantized`, :mod:`etsdk_aoti.attention`, :mod:`etsdk_aoti.float_linear`).
     """
@@ -313,6 +322,7 @@ def compile_partition(
         example += tuple(values[binding.placeholder] for binding in states)
         module = state_as_inputs(module, states)
     options: dict[str, Any] = dict(INDUCTOR_OPTIONS, **{"aot_inductor.output_path": str(workdir), "cpp.threads": kernel_threads})
+    options.update(target_options or {})
     shims = {}
     targets = {node.target for node in module.graph.nodes if node.op == "call_function"}
     if _qmm_linear in targets:
@@ -329,7 +339,9 @@ def compile_partition(
         shims[kernels.LINEAR] = [kernels.LINEAR_C_SHIM]
     if shims:
         options["aot_inductor.custom_ops_to_c_shims"] = shims
-        kernels.load()  # the compiled library calls into it: loaded before the library is (to read its constants)
+        # the compiled library calls into it: loaded before the library is (to read its constants); built for and
+        # run on this host at its own level, whatever the library's target
+        kernels.load()
     with torch.no_grad():
         outputs = torch._inductor.aot_compile(module, example, options=options)
     produced = outputs if isinstance(outputs, list) else [outputs]
@@ -351,10 +363,12 @@ def _module_tensor(module: Any, fqn: str) -> Any:
 
 
 def describe_constants(
-    library: Library, edge_program: Any, compiled: Compiled, signature: DelegateSignature, named_data: Any
+    library: Library | GeneratedSource, edge_program: Any, compiled: Compiled, signature: DelegateSignature, named_data: Any
 ) -> tuple[Constant, ...]:
     """One record per container constant: its own named-data entry (written here, content-addressed: the same
-    weight another delegate stores is one entry), derived at load, folded by the library, or absent."""
+    weight another delegate stores is one entry), derived at load, folded by the library, or absent.
+    ``library``: the loaded container, or what the generated source declares it reports."""
+    container: list[ContainerConstant] = library.constants()
     states = signature.state_by_fqn
     keys: dict[str, str] = {}  # fqn -> entry key (a weight read by two constants is written once)
 
@@ -364,7 +378,7 @@ def describe_constants(
         return keys[fqn]
 
     records = []
-    for constant in library.constants():
+    for constant in container:
         record = functools.partial(
             Constant, constant.name, constant.fqn, constant.kind, constant.folded, constant.dtype_code, constant.nbytes
         )
@@ -401,6 +415,18 @@ def describe_constants(
     return tuple(records)
 
 
+def _cpu_build(partition: Partition) -> cpu.Build:
+    """The CPU target of the partition's compile specs, planned on this host (a note about it reported)."""
+    name = partition.compile_specs.get(CPU_TARGET_SPEC, b"native").decode()
+    try:
+        build = cpu.plan(name)
+    except ValueError as exc:
+        raise ExportError(f"etsdk-aoti cpu_target: {exc}") from None
+    if build.note:
+        partition.progress(build.note)
+    return build
+
+
 def preprocess(partition: Partition) -> bytes:
     edge_program = partition.program
     device = partition.compile_specs.get(DEVICE_SPEC, b"cpu").decode()
@@ -409,10 +435,26 @@ def preprocess(partition: Partition) -> bytes:
     try:
         weights_read = frozenset(c.placeholder for c in partition.constants())
         kernel_threads = int(partition.compile_specs.get(KERNEL_THREADS_SPEC, b"1").decode())
-        compiled = compile_partition(edge_program, device, workdir, signature.states, weights_read, kernel_threads)
-        # The constants' metadata is read from a container on the compile device: the
-        # blob is written from what the container says, not from the state dict.
-        library = Library(compiled.library, device)
+        build = _cpu_build(partition) if device == "cpu" else None
+        compiled = compile_partition(
+            edge_program, device, workdir, signature.states, weights_read, kernel_threads,
+            build.options if build is not None else None,
+        )
+        host = host_cpu()
+        library: Library | GeneratedSource
+        if build is None or build.runs_on(host):
+            # The constants' metadata is read from a container on the compile device: the
+            # blob is written from what the container says, not from the state dict.
+            library = Library(compiled.library, device)
+        else:
+            # Loading the library would run code this host cannot (its static initializers): read what the
+            # container will report from the source Inductor generated; the runtime compares the two at load.
+            library = GeneratedSource.read(workdir)
+            partition.progress(
+                f"not loaded on this host (it lacks {' '.join(host.lacks(build.features)) or build.machine}): "
+                f"the {build.target} library's constants and arity were read from Inductor's generated source and "
+                "are checked against the library when it first loads on a host that runs it"
+            )
         try:
             constants = describe_constants(library, edge_program, compiled, signature, partition.named_data)
             num_inputs, num_outputs = library.num_inputs, library.num_outputs
@@ -431,6 +473,7 @@ def preprocess(partition: Partition) -> bytes:
             library_sha256=blob_format.library_sha256(compiled.library),
             # the library's inputs after the engine inputs: every state binding, in order
             state_inputs=tuple(range(len(signature.states))),
+            cpu=build.record(host) if build is not None else None,
         )
         blob = AotiBlob(
             config, constants, compiled.library, calls_kernels=compiled.calls_kernels, calls_attention=compiled.calls_attention,

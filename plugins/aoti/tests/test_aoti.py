@@ -19,7 +19,7 @@ import torch
 from etsdk.backend import BlobReader, BlobWriter, InitContext
 from etsdk.testing import NamedDataStub, capture_delegates
 from etsdk_aoti import BACKEND_ID, BLOB_FEATURE, blob_format, weights
-from etsdk_aoti.blob_format import LINEAR_FEATURE, NAMED_CONSTANTS_FEATURE
+from etsdk_aoti.blob_format import CPU_TARGET_FEATURE, LINEAR_FEATURE, NAMED_CONSTANTS_FEATURE
 from etsdk_aoti.runtime import AotiBinding
 
 TOLERANCE = dict(atol=1e-5, rtol=1e-5)  # Inductor's fused kernels reorder float32 sums
@@ -92,7 +92,7 @@ def _rebuild(
     *,
     constants: Any = None,
     config: Any = None,
-    features: tuple[str, ...] = (BLOB_FEATURE, NAMED_CONSTANTS_FEATURE),
+    features: tuple[str, ...] = (BLOB_FEATURE, NAMED_CONSTANTS_FEATURE, CPU_TARGET_FEATURE),
     library: bytes | None = None,
 ) -> bytes:
     reader = BlobReader(payload, known_features=blob_format.KNOWN_FEATURES)
@@ -191,7 +191,8 @@ def test_blob_decodes_to_typed_records_and_encodes_to_the_same_bytes(parts: dict
     blob = blob_format.decode(parts["payload"])
     assert isinstance(blob.library, memoryview)
     # X has 4 rows: the MLP's products run on the few-row GEMV, which the blob requires
-    assert blob.config.state_inputs == () and blob.required_features() == [BLOB_FEATURE, NAMED_CONSTANTS_FEATURE, LINEAR_FEATURE]
+    assert blob.config.state_inputs == () and blob.config.cpu is not None and blob.config.cpu.target == "native"
+    assert blob.required_features() == [BLOB_FEATURE, NAMED_CONSTANTS_FEATURE, LINEAR_FEATURE, CPU_TARGET_FEATURE]
     weight = next(c for c in blob.constants if c.fqn == "net.0.weight")
     assert weight.source is blob_format.Source.ENTRY and weight.view is not None and weight.key in parts["named"]
     assert (weight.view.dtype, weight.view.shape, weight.view.stride) == ("float32", (64, 16), (16, 1))

@@ -20,6 +20,7 @@ def _case(hq: int, h: int, rows: int, s: int, visible: list[int], seed: int = 0)
     return q, k, v, mask
 
 
+@pytest.mark.usefixtures("kernel_level")
 @pytest.mark.parametrize(("hq", "h", "visible"), [
     (4, 2, [0]),  # decode at position 0
     (9, 3, [37]),  # SmolLM2's grouping, decode at position 37
@@ -39,6 +40,7 @@ def test_the_kernel_computes_sdpa_and_reads_only_the_filled_rows(hq: int, h: int
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.usefixtures("kernel_level")
 def test_a_ring_mask_with_gaps_is_honoured() -> None:
     q, k, v, mask = _case(2, 1, 1, 13, [0])
     mask[0, 0, 0] = torch.tensor([i in (0, 1, 2, 9, 10, 11, 12) for i in range(13)])  # wrapped ring slots
@@ -69,6 +71,7 @@ def test_the_operator_refuses_operands_its_schema_does_not_take() -> None:
         ATTENTION(q[:, :3], k, v, mask, 1.0)
 
 
+@pytest.mark.usefixtures("kernel_level")
 @pytest.mark.parametrize(("hq", "h", "visible"), [(9, 3, [37]), (4, 4, [5, 6, 7, 7, 7])])
 def test_the_int8_kernel_computes_the_operator_over_dequantized_rows(hq: int, h: int, visible: list[int]) -> None:
     from etsdk.backend import ATTENTION, dequantize_rows, quantize_rows
@@ -128,6 +131,7 @@ def test_int8_operands_the_kernel_or_the_operator_cannot_take_are_refused() -> N
         ATTENTION(q, kq, vq, mask, 1.0, ks, None)
 
 
+@pytest.mark.usefixtures("kernel_level")
 @pytest.mark.parametrize("head_dim", [64, 128, 48])
 @pytest.mark.parametrize("int8", [False, True])
 def test_common_head_sizes_and_long_conversations_take_the_blocked_paths(head_dim: int, int8: bool) -> None:
@@ -152,6 +156,7 @@ def test_common_head_sizes_and_long_conversations_take_the_blocked_paths(head_di
     torch.testing.assert_close(out, ATTENTION(q, k, v, mask, 0.2, *scales), rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.usefixtures("kernel_level")
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("int8", [False, True])
 def test_a_prefill_shaped_call_takes_its_query_rows_in_batches(head_dim: int, int8: bool) -> None:

@@ -10,6 +10,7 @@ from etsdk_aoti import kernels
 from etsdk_aoti.float_linear import kernel_linear, kernel_linear16, rewrite_float_linears
 
 
+@pytest.mark.usefixtures("kernel_level")
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9])  # the decode sizes, and more rows four at a time
 @pytest.mark.parametrize(("n", "k"), [(37, 83), (100, 576), (16, 16)])  # tails of the row chunks and of a vector
 @pytest.mark.parametrize("with_bias", [False, True])
@@ -22,6 +23,7 @@ def test_the_kernel_computes_linear(rows: int, n: int, k: int, with_bias: bool) 
     torch.testing.assert_close(got, want, rtol=0, atol=2e-6 * float(want.abs().max()))
 
 
+@pytest.mark.usefixtures("kernel_level")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("rows", [1, 3, 6])
 @pytest.mark.parametrize(("n", "k"), [(37, 83), (100, 576)])  # a K past the last whole 32 (the scalar tail), and not

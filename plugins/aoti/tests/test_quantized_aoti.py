@@ -21,6 +21,7 @@ from etsdk_aoti import BACKEND_ID, blob_format, kernels
 FORMATS = ["int8", "int8:g32", "int8:g64", "int4:g32", "int4:g64:min", "int4:g128"]
 
 
+@pytest.mark.usefixtures("kernel_level")
 @pytest.mark.parametrize("name", FORMATS)
 @pytest.mark.parametrize("rows", [1, 3, 4, 5, 64])  # decode (the dot-product path) and prefill (the tiles)
 def test_the_kernel_computes_the_formats_math(name: str, rows: int) -> None:
@@ -36,6 +37,7 @@ def test_the_kernel_computes_the_formats_math(name: str, rows: int) -> None:
         torch.testing.assert_close(got, want, atol=2e-5 * float(want.abs().max()), rtol=0)
 
 
+@pytest.mark.usefixtures("kernel_level")
 @pytest.mark.parametrize("name", ["int4:g32:a8", "int4:g64:min:a8", "int4:g128:a8", "int4:g32:f16:a8", "int4:g64:min:f16:a8"])
 @pytest.mark.parametrize("rows", [1, 3, 64])  # decode (VNNI integer products) and the float paths on rounded rows
 def test_the_int8_activation_kernel_computes_the_formats_math(name: str, rows: int) -> None:
@@ -57,6 +59,7 @@ def test_the_int8_activation_kernel_computes_the_formats_math(name: str, rows: i
         assert (float_activations - want).abs().max() > 1e-4 * float(want.abs().max())  # the rounding is visible
 
 
+@pytest.mark.usefixtures("kernel_level")
 @pytest.mark.parametrize("name", ["int4:g32:f16:a8", "int4:g64:min:a8"])
 @pytest.mark.parametrize("rows", [1, 5])
 def test_the_fused_int8_activation_kernel_equals_one_call_per_weight(name: str, rows: int) -> None:
@@ -82,6 +85,7 @@ def test_the_fused_int8_activation_kernel_equals_one_call_per_weight(name: str, 
         kernels.qmm_a8_fused(x, [stored[0]["qdata"], other["qdata"]], [stored[0]["scales"], other["scales"]], group=fmt.group_size)
 
 
+@pytest.mark.usefixtures("kernel_level")
 def test_one_scale_per_row_takes_any_row_length() -> None:
     fmt = WeightFormat.parse("int8")
     weight, x = torch.randn(24, 83), torch.randn(2, 83)  # 83: a vector and a masked tail

@@ -86,9 +86,10 @@ def configure_export(export: argparse.ArgumentParser) -> None:
     quantize = export.add_argument_group("quantized weights (default: the model's own weights)")
     quantize.add_argument(
         "--quantize", default=None, metavar="FORMAT",
-        help="the linear layers' format: int8 (one scale per row), int4 (groups of 32), int4:GROUP (32, 64, 128, "
-        "256), int4:gGROUP:min (with a minimum per group), int8:gGROUP; a 4-bit format ending in :a8 rounds each layer's "
-        "input to int8 per block of 32 too (llama.cpp's arithmetic: the fastest 4-bit decode on CPUs)",
+        help="the linear layers' format: int8 (int8:g64: groups of 64), int4 (int4:g32:min:f16:a8 where the backends "
+        "compute it: Q4_1's bytes with int8 activations, the best measured 4-bit format), or an exact name: int8:row (one "
+        "scale per row), int8:gGROUP, int4:gGROUP (32, 64, 128, 256) with :min (a minimum per group), :f16 / :bf16 "
+        "scales, and :a8 (each layer's input rounded to int8 per block of 32 too: llama.cpp's arithmetic)",
     )
     quantize.add_argument(
         "--quantize-embedding", default=None, metavar="FORMAT",
@@ -101,6 +102,12 @@ def configure_export(export: argparse.ArgumentParser) -> None:
     quantize.add_argument(
         "--allow-requantize", action="store_true",
         help="a GGUF file with other tensor types (Q6_K, ...): dequantize them to float instead of refusing",
+    )
+    export.add_argument(
+        "--cpu-target", default=None, metavar="NAME",
+        help="the CPU the etsdk-aoti code is compiled for: native (default: this host, every feature it has) or a "
+        "baseline a fleet shares: x86-64-v3 (AVX2), x86-64-v4 (AVX-512), x86-64-v2, x86-64; armv8-a, "
+        "armv8.2-a+dotprod, armv8.6-a+i8mm on aarch64. A machine that lacks a feature refuses the program at load",
     )
     export.add_argument("--quiet", action="store_true", help="no progress on stderr")
     export.add_argument(
@@ -125,6 +132,31 @@ def backend_options(raw: list[str]) -> dict[str, dict[str, object]]:
     return out
 
 
+#: What ``--quantize`` short names mean: the first format every backend of the export computes, in the order of what
+#: measured best on quality and on speed (SmolLM2-135M-Instruct's weights, benchmarks/README.md: int8:g64 98.05 % top-1
+#: and 1.06-1.09x llama.cpp's Q8_0; int4:g32:min:f16:a8, Q4_1's bytes, 98.4 % and 1.4x Q4_1, where int8 per row measured
+#: 96.9 % and symmetric int4:g32 71 %). Exact names are taken as they are; ``int8:row`` is per-row int8 (the format
+#: named ``int8`` in the Python API).
+SHORT_FORMATS: dict[str, tuple[str, ...]] = {
+    "int8": ("int8:g64",),
+    "int4": ("int4:g32:min:f16:a8", "int4:g32:min:f16", "int4:g32:min"),
+    "int8:row": ("int8",),
+}
+
+
+def resolve_format(name: str, backends: list[str]) -> str:
+    """The exact format ``--quantize NAME`` means for an export to ``backends`` (ids or short names): a short name's
+    first format that every backend computes (its last where none computes them all: the export then says which
+    backend refuses it); any other name unchanged."""
+    from etsdk import get_backend, resolve_backend_id
+
+    choices = SHORT_FORMATS.get(name)
+    if choices is None:
+        return name
+    computed = [set(get_backend(resolve_backend_id(b)).weight_formats) for b in backends]
+    return next((c for c in choices if all(c in formats for formats in computed)), choices[-1])
+
+
 def _quantization(args: argparse.Namespace) -> QuantizationPlan | None:
     """The --quantize flags as a plan (refused before anything loads when a format name is wrong)."""
     if args.quantize is None:
@@ -132,8 +164,12 @@ def _quantization(args: argparse.Namespace) -> QuantizationPlan | None:
         if given:
             raise EtsdkError(f"{' and '.join(given)} go with --quantize FORMAT (the linear layers' format)")
         return None
+    backends = [b for b in (args.prefill_backend or args.backend, args.decode_backend or args.backend) if b]
+    linear = resolve_format(args.quantize, backends)
+    if linear != args.quantize and not args.quiet:
+        print(f"etsdk export: --quantize {args.quantize} is {linear} (name a format exactly to choose another)", file=sys.stderr)
     try:
-        return QuantizationPlan.for_format(args.quantize, embedding=args.quantize_embedding, head=args.quantize_head)
+        return QuantizationPlan.for_format(linear, embedding=args.quantize_embedding, head=args.quantize_head)
     except ValueError as exc:
         raise EtsdkError(f"--quantize: {exc}") from None
 
@@ -164,6 +200,7 @@ def run_export(args: argparse.Namespace) -> int:
         options={
             "attention": args.attention, "kv_cache": args.kv_cache, "weights_dtype": args.weights_dtype,
             "meta_trace": args.meta_trace,
+            **({"cpu_target": args.cpu_target} if args.cpu_target is not None else {}),
         },
     )
     for path in spec.exporter(request):

@@ -59,6 +59,11 @@ DEFAULT_CONTEXT_LENGTH = 2048
 METHODS = ("prefill", "decode")
 #: What ``weights_dtype`` (``etsdk export --weights-dtype``) takes: ``auto`` keeps the checkpoint's.
 WEIGHTS_DTYPES = ("auto", "float32", "bfloat16", "float16")
+#: The feature an etsdk-aoti payload requires when it records the CPU its code needs (plugins/aoti/README.md):
+#: the program record lists it for each such delegate, so the export can say what CPU the program needs.
+AOTI_CPU_FEATURE = "aoti.cpu_target.v1"
+#: What to export with for a fleet of machines, per architecture (``etsdk.backend.cpu_target_names``).
+_FLEET_TARGETS = {"x86_64": "x86-64-v3 (AVX2) or x86-64-v4 (AVX-512)", "aarch64": "armv8-a or armv8.2-a+dotprod"}
 
 
 def tokenizer_dir(program_path: str | Path) -> Path:
@@ -253,6 +258,7 @@ def export(
     kv_cache: str = "float32",
     weights_dtype: str = "auto",
     meta_trace: bool = False,
+    cpu_target: str | None = None,
     quiet: bool = False,
 ) -> list[Path]:
     """Export ``model`` (a transformers model directory or a ``*ForCausalLM`` object) to ``output``.
@@ -286,6 +292,10 @@ def export(
     tracing reads none (a weight the export converts, such as a 16-bit norm computed in float32, is converted
     before). The program is the same, byte for byte in its weights. Not with ``quantization`` (quantizing needs
     the values first) nor a model object or GGUF file.
+    ``cpu_target``: the CPU every etsdk-aoti partition's code is compiled for (its partitioner option
+    ``cpu_target``): ``"native"`` (what the partitioner does by default: this host) or a baseline a fleet shares
+    (``"x86-64-v3"``, ``"x86-64-v4"``: :func:`etsdk.backend.cpu_target_names`); a machine that lacks one of its
+    features refuses the program at load. The last progress line says what CPU the program needs.
     Returns the paths written.
     """
     started = time.perf_counter()
@@ -306,18 +316,71 @@ def export(
         raise ExportError(f"weights_dtype must be one of {', '.join(WEIGHTS_DTYPES)}, found {weights_dtype!r}")
     if meta_trace:
         _check_meta_trace(model, quantization)
+    partitioner_options, target = _with_cpu_target(cpu_target, chosen, partitioner_options)
     loaded, directory, gguf_tokenizer = _load_model(model, quiet, allow_requantize, weights_dtype, meta_trace)
     with contextlib.ExitStack() as owned:
         # a model the export loaded keeps its converted (quantized, cast) weights in files, mapped, not in memory
         converts = quantization is not None or weights_dtype != "auto"
         spill = owned.enter_context(etsdk.WeightSpill()) if converts and directory is not None else None
-        written = _export_loaded(
+        written, cpu_code = _export_loaded(
             loaded, directory, gguf_tokenizer, output, chosen, attention, kv_cache, weights_dtype, quantization, spill,
             prefill_length, context_length, partitioner_options, external_data, quiet,
         )
     size = sum(p.stat().st_size for p in written if p.suffix in (".pte", ".ptd"))
     _say(f"done in {time.perf_counter() - started:.1f}s ({size / 2**20:.1f} MiB): {', '.join(str(p) for p in written)}", quiet)
+    if cpu_code:
+        _say(cpu_summary(target), quiet)
     return written
+
+
+def _with_cpu_target(
+    cpu_target: str | None, chosen: Mapping[str, str], options: Mapping[str, Mapping[str, Any]] | None
+) -> tuple[dict[str, dict[str, Any]], str]:
+    """The partitioner options with ``cpu_target`` given to etsdk-aoti, and the CPU target its partitions get;
+    a name that is not a target, or a target without an etsdk-aoti method, refused before anything loads."""
+    from etsdk.backend import cpu_target_names
+
+    resolved: dict[str, dict[str, Any]] = {}
+    for key, value in (options or {}).items():
+        resolved.setdefault(etsdk.resolve_backend_id(key), {}).update(value)
+    if cpu_target is None:
+        aoti = next((b for b in chosen.values() if b in resolved and "cpu_target" in resolved[b]), None)
+        return resolved, str(resolved[aoti]["cpu_target"]) if aoti is not None else "native"
+    names = cpu_target_names()
+    if cpu_target not in names:
+        raise ExportError(f"--cpu-target: unknown CPU target {cpu_target!r}; choose one of: {', '.join(names)}")
+    aoti = etsdk.resolve_backend_id("aoti")
+    if aoti not in chosen.values():
+        raise ExportError(
+            f"--cpu-target applies to etsdk-aoti ({aoti}) partitions; no method uses it "
+            f"(prefill -> {chosen['prefill']}, decode -> {chosen['decode']})"
+        )
+    given = resolved.get(aoti, {}).get("cpu_target", cpu_target)
+    if given != cpu_target:
+        raise ExportError(f"--cpu-target {cpu_target} and the backend option aoti.cpu_target={given} disagree; give one")
+    resolved.setdefault(aoti, {})["cpu_target"] = cpu_target
+    return resolved, cpu_target
+
+
+def cpu_summary(target: str) -> str:
+    """The export's last line when it compiled CPU code for etsdk-aoti: what CPU the program needs, and how to
+    export for a fleet of machines."""
+    from etsdk.backend import cpu_target, cpu_target_names, host_cpu
+
+    host = host_cpu()
+    if target == "native":
+        levels = [n for n in cpu_target_names(host.machine)[1:] if cpu_target(n, host).runs_on(host)]
+        base = cpu_target(levels[-1], host).features if levels else frozenset()
+        extra = " ".join(f for f in host.isa_features() if f not in base)
+        has = f"{levels[-1]}{' + ' + extra if extra else ''}" if levels else f"{host.machine} {extra or 'baseline only'}"
+        fleet = _FLEET_TARGETS.get(host.machine) or " or ".join(cpu_target_names(host.machine)[1:])
+        advice = f"; to run on other machines, export with --cpu-target {fleet}" if fleet else ""
+        return f"built for this host's CPU (native: {has}){advice}"
+    wanted = cpu_target(target, host)
+    needs = " ".join(sorted(wanted.features)) or "the baseline"
+    lacks = host.lacks(wanted.features)
+    here = f"; this host lacks {' '.join(lacks)}, so it cannot run the program itself" if lacks else ""
+    return f"built for {target}: runs on {wanted.machine} CPUs with {needs}{here}"
 
 
 def _export_loaded(
@@ -336,8 +399,9 @@ def _export_loaded(
     partitioner_options: Mapping[str, Mapping[str, Any]] | None,
     external_data: bool,
     quiet: bool,
-) -> list[Path]:
-    """:func:`export` once the model is loaded: quantize, trace, lower and write; the paths written."""
+) -> tuple[list[Path], bool]:
+    """:func:`export` once the model is loaded: quantize, trace, lower and write; the paths written, and whether
+    an etsdk-aoti delegate records a CPU target (it compiled CPU code)."""
     import torch
 
     from etsdk_hf_static.module import WRAPPED
@@ -380,7 +444,10 @@ def _export_loaded(
     elif gguf_tokenizer is not None:
         gguf_tokenizer.save_pretrained(tokenizer_dir(output))
         written.append(tokenizer_dir(output))
-    return written
+    cpu_code = any(
+        AOTI_CPU_FEATURE in (entry.signature.payload_features or ()) for m in lowered.methods for entry in lowered.delegates(m)
+    )
+    return written, cpu_code
 
 
 def _check_meta_trace(model: Any, quantization: QuantizationPlan | None) -> None:
@@ -504,12 +571,13 @@ def export_request(request: ExportRequest) -> list[Path]:
     unknown = sorted(set(request.method_backends) - set(METHODS))
     if unknown:
         raise ExportError(f"hf_static has methods {', '.join(METHODS)}; no method {', '.join(unknown)}")
-    unknown_options = sorted(set(request.options) - {"attention", "kv_cache", "weights_dtype", "meta_trace"})
+    unknown_options = sorted(set(request.options) - {"attention", "kv_cache", "weights_dtype", "meta_trace", "cpu_target"})
     if unknown_options:
         raise ExportError(
-            f"hf_static's exporter takes the options attention, kv_cache, weights_dtype and meta_trace, not "
-            f"{', '.join(unknown_options)}"
+            f"hf_static's exporter takes the options attention, kv_cache, weights_dtype, meta_trace and cpu_target, "
+            f"not {', '.join(unknown_options)}"
         )
+    cpu_target = request.options.get("cpu_target")
     unknown_sizes = sorted(set(request.sizes) - {"T", "S"})
     if unknown_sizes:
         raise ExportError(f"hf_static takes sizes T (prefill length) and S (context length), not {', '.join(unknown_sizes)}")
@@ -530,4 +598,5 @@ def export_request(request: ExportRequest) -> list[Path]:
         kv_cache=str(request.options.get("kv_cache", "float32")),
         weights_dtype=str(request.options.get("weights_dtype", "auto")),
         meta_trace=request.options.get("meta_trace", False) is True,
+        cpu_target=str(cpu_target) if cpu_target is not None else None,
     )

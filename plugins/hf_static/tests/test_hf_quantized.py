@@ -130,6 +130,24 @@ def test_export_quantize_reports_what_it_quantized_and_the_size(model_dir: Path,
     assert "model.model.layers.{0..1}.mlp.up_proj: int4:g64:min [128, 64] linear" in inspected.stdout, inspected.stdout
 
 
+@pytest.mark.parametrize(("short", "exact"), [("int8", "int8:g64"), ("int4", "int4:g32:min:f16:a8"), ("int8:row", "int8")])
+def test_the_short_names_mean_the_best_measured_formats(short: str, exact: str, model_dir: Path, tmp_path: Path) -> None:
+    result = _etsdk("export", "--model", str(model_dir), "--backend", "reference", "--quantize", short,
+                    "--prefill-length", str(T), "--context-length", "32", "-o", str(tmp_path / "q.pte"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"etsdk export: --quantize {short} is {exact} (name a format exactly to choose another)" in result.stderr
+    assert f"quantizing (linear {exact}, embedding int8, head int8)" in result.stderr
+
+
+def test_a_short_name_takes_the_best_format_every_backend_of_the_export_computes() -> None:
+    from etsdk_hf_static.commands import resolve_format
+
+    assert resolve_format("int4", ["aoti"]) == "int4:g32:min:f16:a8"
+    assert resolve_format("int4", ["aoti", "tensorrt"]) == "int4:g32:min:f16"  # TensorRT computes no :a8 format
+    assert resolve_format("int8", ["tensorrt"]) == "int8:g64"
+    assert resolve_format("int4:g64", ["aoti"]) == "int4:g64"  # an exact name is taken as it is
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

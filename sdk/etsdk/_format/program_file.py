@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from etsdk._format.flatbuffers import Buffer, FlatbufferError, Table
 
-__all__ = ["DataLayout", "Entry", "FormatError", "ProgramLayout", "read_data_file", "read_program_file"]
+__all__ = ["DataLayout", "DelegatePlace", "Entry", "FormatError", "ProgramLayout", "read_data_file", "read_program_file"]
 
 PTE_IDENTIFIER = b"ET12"
 PTD_IDENTIFIER = b"FT01"
@@ -95,6 +95,17 @@ class DataLayout:
 
 
 @dataclass(frozen=True, slots=True)
+class DelegatePlace:
+    """Where one delegate's payload (its processed data) lies in the file: inline in the flatbuffer or a segment."""
+
+    method: str
+    index: int  # the delegate's position in the method's delegate list
+    backend: str
+    offset: int
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
 class ProgramLayout:
     size: int
     entries: tuple[Entry, ...]
@@ -102,6 +113,7 @@ class ProgramLayout:
     external: tuple[str, ...]
     segments: tuple[tuple[int, int], ...] = ()  # (file offset, size)
     program_size: int = 0  # bytes of the flatbuffer at the start of the file
+    delegates: tuple[DelegatePlace, ...] = ()  # every method's delegates, in plan order
 
 
 def _pread(fd: int, size: int, offset: int, region: str) -> bytes:
@@ -262,13 +274,23 @@ def read_program_file(fd: int) -> ProgramLayout:
         _check_segments(segments, data_size, "flatbuffer")
         entries = _named(root.tables(7, "named_data"), segments, base, "flatbuffer")
         constants = _constant_places(root, segments)
-        delegate_data = root.length(3, "backend_delegate_data")
+        # each inline delegate data's bytes (offset in the flatbuffer, which starts the file), then each segment's
+        inline = [_inline_place(t) for t in root.tables(3, "backend_delegate_data") or ()]
+        places: dict[int, list[tuple[int, int]]] = {0: inline, 1: [(base + o, n) for o, n in segments]}
         external: list[str] = []
+        delegates: list[DelegatePlace] = []
         for p, plan in enumerate(root.tables(1, "execution_plan") or ()):
-            external += _check_plan(plan, p, constants, delegate_data, len(segments))
+            external += _check_plan(plan, p, constants, places, delegates)
     except FlatbufferError as exc:
         raise FormatError("flatbuffer", str(exc)) from None
-    return ProgramLayout(size, entries, tuple(external), tuple((base + o, n) for o, n in segments), program_size)
+    return ProgramLayout(
+        size, entries, tuple(external), tuple((base + o, n) for o, n in segments), program_size, tuple(delegates)
+    )
+
+
+def _inline_place(table: Table) -> tuple[int, int]:
+    found = table.raw(0, "data")
+    return found if found is not None else (0, 0)
 
 
 def _constant_places(root: Table, segments: list[tuple[int, int]]) -> list[int]:
@@ -291,7 +313,10 @@ def _constant_places(root: Table, segments: list[tuple[int, int]]) -> list[int]:
     return sizes
 
 
-def _check_plan(plan: Table, p: int, constants: list[int], delegate_data: int, segment_count: int) -> list[str]:
+def _check_plan(
+    plan: Table, p: int, constants: list[int], places: dict[int, list[tuple[int, int]]], found: list[DelegatePlace]
+) -> list[str]:
+    """Check one execution plan; returns the external tensors it names and appends its delegates to ``found``."""
     name = plan.string(0, "name") or f"plan {p}"
     where = f"method '{name}'"
     values = plan.tables(2, "values") or []
@@ -333,18 +358,20 @@ def _check_plan(plan: Table, p: int, constants: list[int], delegate_data: int, s
     operators = plan.length(6, "operators")
     delegates = plan.tables(7, "delegates") or []
     for d, delegate in enumerate(delegates):
-        if not delegate.string(0, "id"):
+        backend = delegate.string(0, "id")
+        if not backend:
             raise FormatError("flatbuffer", f"{where}: delegate {d} has no backend id")
         processed = delegate.table(1, "processed")
         if processed is None:
             raise FormatError("flatbuffer", f"{where}: delegate {d} has no data")
         location, at = int(processed.scalar(0, "b", "location")), int(processed.scalar(1, "I", "index"))
-        limit = {0: delegate_data, 1: segment_count}.get(location)
-        if limit is None or at >= limit:
+        listed = places.get(location)
+        if listed is None or at >= len(listed):
             raise FormatError(
                 "flatbuffer",
                 f"{where}: delegate {d}'s data ({'inline' if location == 0 else 'segment'} {at}) does not exist",
             )
+        found.append(DelegatePlace(name, d, backend, *listed[at]))
         for spec in delegate.tables(2, "compile_specs") or ():
             spec.string(0, "key")
             spec.raw(1, "value")

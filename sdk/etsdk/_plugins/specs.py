@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import enum
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -150,6 +150,15 @@ class BackendSpec:
     #: stored as names). The core lets a partitioner claim a call of ``etsdk::linear_q`` / ``embedding_q``
     #: only in these formats, and refuses to load a program whose delegate reads another.
     weight_formats: tuple[str, ...] = ()
+    #: Lines ``etsdk doctor`` prints about the backend on this host (which level of its native code runs, what it
+    #: found); called by ``etsdk doctor`` only, so it may build or load native code. ``None``: nothing to say.
+    doctor: Callable[[], Sequence[str]] | None = None
+    #: Lines ``etsdk inspect`` prints under each delegate of this backend (and ``--json`` lists as its
+    #: ``details``): what the payload says about itself, such as the device or CPU its code was compiled for.
+    #: Called with the delegate's payload, after its SHA-256 was checked against the program record; it must only
+    #: read the payload (never load or run code from it). An exception is shown as the delegate's one detail line.
+    #: ``None``: nothing beyond the core's lines.
+    describe_payload: Callable[[memoryview], Sequence[str]] | None = None
 
     def __post_init__(self) -> None:
         from etsdk._format.weight_format import WeightFormat
@@ -161,6 +170,10 @@ class BackendSpec:
         object.__setattr__(self, "weight_formats", names)
         if not self.id.isidentifier():
             raise ValueError(f"backend id must be a Python identifier, got {self.id!r}")
+        if self.doctor is not None and not callable(self.doctor):
+            raise TypeError(f"BackendSpec({self.id!r}).doctor must be callable or None")
+        if self.describe_payload is not None and not callable(self.describe_payload):
+            raise TypeError(f"BackendSpec({self.id!r}).describe_payload must be callable or None")
         for name in ("partitioner", "preprocess", "runtime", "probe"):
             if not callable(getattr(self, name)):
                 raise TypeError(f"BackendSpec({self.id!r}).{name} must be callable")

@@ -3,14 +3,17 @@
 For each method, its delegates in engine order (every backend id, etsdk's or the runtime's own), and for each
 etsdk delegate what its program-record entry says: the operators it claimed, its engine inputs and outputs in
 binding order, the state it binds (placeholder, module FQN, state identity, written or only read), its
-payload's format and required features and SHA-256. Then the contract with its metadata, the model
-fingerprint, and every named-data entry with its size and file. Backends need not be installed: this is how
-to see which plugin a program needs.
+payload's format and required features and SHA-256, and what the backend's plugin says about the payload
+(``BackendSpec.describe_payload``, when the plugin is installed and declares it: the device or CPU its code was
+compiled for). Then the contract with its metadata, the model fingerprint, and every named-data entry with its
+size and file. Backends need not be installed: this is how to see which plugin a program needs.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,11 +30,14 @@ class DelegateReport:
     backend: str
     provider: str  # "etsdk plugin <name>", "ExecuTorch runtime", or "not installed"
     signature: Any = None  # etsdk._state.signature.DelegateSignature for etsdk delegates
+    details: tuple[str, ...] = ()  # the backend's lines about its payload (BackendSpec.describe_payload)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"backend": self.backend, "provider": self.provider}
         if self.signature is not None:
             out.update(self.signature.to_json())
+        if self.details:
+            out["details"] = list(self.details)
         return out
 
 
@@ -103,6 +109,7 @@ class ProgramReport:
                     lines += [f"        {line}" for line in _weight_lines(s.weights)]
                 features = "opaque payload" if s.payload_features is None else f"etsdk blob requiring {', '.join(s.payload_features) or 'nothing'}"
                 lines.append(f"        payload: {features}; sha256 {s.payload_sha256[:16]}...")
+                lines += [f"        {line}" for line in d.details]
         if self.named_data:
             total = sum(e.size for e in self.named_data)
             lines.append(f"  named data: {len(self.named_data)} entr{'y' if len(self.named_data) == 1 else 'ies'}, {total} bytes")
@@ -273,28 +280,73 @@ def _provider(backend: str, builtin: set[str]) -> str:
     return "ExecuTorch runtime" if backend in builtin else "not installed: no plugin provides it"
 
 
+#: the most payload bytes ``etsdk inspect`` reads to hand one delegate's payload to its plugin's describer
+_MAX_DESCRIBED_PAYLOAD = 1 << 31
+
+
+def _payload_details(backend: str, signature: Any, place: Any, fd: int) -> tuple[str, ...]:
+    """The lines the backend's plugin gives for the delegate's payload (``BackendSpec.describe_payload``), read
+    from the pinned file, taken out of the core's envelope and checked against the record's uid and SHA-256 first;
+    none when the plugin is not installed or declares no describer. A describer that raises is shown as one line."""
+    from etsdk._format.envelope import unwrap_blob
+    from etsdk._plugins.registry import get_backend
+    from etsdk.errors import EtsdkError
+
+    try:
+        describe = get_backend(backend).describe_payload
+    except EtsdkError:
+        return ()
+    if describe is None or place is None or place.backend != backend:
+        return ()
+    if place.size > _MAX_DESCRIBED_PAYLOAD:
+        return (f"payload not described: {place.size} bytes is more than inspect reads",)
+    data = bytearray()
+    while len(data) < place.size:
+        chunk = os.pread(fd, min(place.size - len(data), 1 << 24), place.offset + len(data))
+        if not chunk:
+            return ("payload not described: the file ends inside it",)
+        data += chunk
+    try:
+        uid, payload = unwrap_blob(bytes(data), f"method '{place.method}', delegate {place.index} ({backend})")
+    except EtsdkError as exc:
+        return (f"payload not described: {' '.join(str(exc).split())}",)
+    if uid != signature.uid or hashlib.sha256(payload).hexdigest() != signature.payload_sha256:
+        return ("payload not described: it differs from the program record's (damaged, or another delegate's)",)
+    try:
+        lines = describe(payload)
+        return tuple(str(line) for line in lines)
+    except Exception as exc:  # noqa: BLE001 - a plugin's describer never stops inspect
+        return (f"payload not described: {type(exc).__name__}: {' '.join(str(exc).split())}",)
+
+
 def inspect_program(path: str | Path, data: str | Path | None = None) -> ProgramReport:
     """Read ``path`` (and its ``.ptd``) without loading any backend; raises ProgramError for a bad file.
 
-    The files go through the same checks ``etsdk.load`` makes before the runtime reads them.
+    The files go through the same checks ``etsdk.load`` makes before the runtime reads them. An installed
+    plugin's ``describe_payload`` reads its delegates' payloads (hash-checked first); no backend code runs.
     """
     from etsdk._runtime.bridge import runtime_backend_names
     from etsdk._runtime.program import open_checked
 
     checked = open_checked(path, data, check_contract=False)
-    checked.files.close()
-    record = checked.record
-    builtin = set(runtime_backend_names())
-    methods = []
-    for method, backends in checked.backends.items():
-        ours = list(record.methods.get(method, ())) if record is not None else []
-        delegates = []
-        for backend in backends:
-            signature = None
-            if ours and ours[0].backend == backend:
-                signature = ours.pop(0).signature
-            delegates.append(DelegateReport(backend, _provider(backend, builtin), signature))
-        methods.append(MethodReport(method, tuple(delegates)))
+    try:
+        record = checked.record
+        builtin = set(runtime_backend_names())
+        places = {(p.method, p.index): p for p in checked.layout.delegates}
+        methods = []
+        for method, backends in checked.backends.items():
+            ours = list(record.methods.get(method, ())) if record is not None else []
+            delegates = []
+            for index, backend in enumerate(backends):
+                signature = None
+                details: tuple[str, ...] = ()
+                if ours and ours[0].backend == backend:
+                    signature = ours.pop(0).signature
+                    details = _payload_details(backend, signature, places.get((method, index)), checked.files.program.fd)
+                delegates.append(DelegateReport(backend, _provider(backend, builtin), signature, details))
+            methods.append(MethodReport(method, tuple(delegates)))
+    finally:
+        checked.files.close()
     named = [NamedDataReport(e.key, e.size, checked.path.name) for e in checked.layout.entries]
     if checked.data_layout is not None and checked.data_path is not None:
         named += [NamedDataReport(e.key, e.size, checked.data_path.name) for e in checked.data_layout.entries]

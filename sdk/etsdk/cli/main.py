@@ -39,6 +39,8 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from importlib import metadata
 
+    from etsdk._host_cpu import host_cpu
+    from etsdk._plugins.registry import get_backend, list_plugins
     from etsdk._runtime.bridge.build import build
 
     for dist in ("torch", "executorch", "pluggy"):
@@ -48,8 +50,20 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
             version = "not installed"
         print(f"{dist}: {version}")
     print(f"etsdk: {__version__}")
+    print(f"cpu: {host_cpu().describe()}")
     print(f"native bridge: {build(verbose=args.verbose)}")
-    return 0
+    failed = 0
+    for backend_id in (b for plugin in list_plugins() for b in plugin.backends):
+        spec = get_backend(backend_id)
+        if spec.doctor is None:
+            continue
+        try:
+            lines = list(spec.doctor())
+        except EtsdkError as exc:
+            lines, failed = [f"error: {exc}"], 1
+        for line in lines:
+            print(f"{backend_id}: {line}")
+    return failed
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

@@ -17,11 +17,18 @@ The serializer rewrites every ``etsdk::linear_q`` of a partition into
 ``etsdk_aoti::etsdk_qmm`` on the weight's planes; AOTInductor then calls the C
 function ``aoti_torch_cpu_etsdk_qmm`` (its C-shim convention for a custom
 operator, declared in :data:`C_SHIM`) from the compiled library, which resolves
-it against ``libetsdk_aoti_kernels.so`` (``qmm.cpp`` here). :func:`load` builds
-that library once per machine (cached by content, with ``-march=native``: it is
-built where it runs) and loads it with ``RTLD_GLOBAL`` before any library that
-calls it is loaded; a blob whose library calls it requires the blob feature
-:data:`KERNELS_FEATURE`.
+it against ``libetsdk_aoti_kernels.so`` (``entry.cpp``: operand checks and
+outputs, built for the compiler's baseline target). The entry points call the
+compute of one instruction-set level (``table.h``): the same sources (``vec.h``:
+the vector operations of every level side by side) built per level into
+``libetsdk_aoti_kernels_<level>.so`` (:mod:`etsdk_aoti.kernels.levels`:
+portable, avx2, avx2vnni, avx512, avx512vnni, neon). :func:`load` builds the
+entry library and the level this process uses (the host's best, or
+``ETSDK_AOTI_ISA``'s) once per machine (cached by content: built where they
+run) and loads the entry library with ``RTLD_GLOBAL`` before any library that
+calls it is loaded; :func:`use_level` switches levels in a running process
+(tests, A/B timing). A blob whose library calls a kernel requires the blob
+feature :data:`KERNELS_FEATURE` (and its siblings in :mod:`etsdk_aoti.blob_format`).
 
 Why not ATen's ``_weight_int8pack_mm`` / ``_weight_int4pack_mm_for_cpu``: on this
 project's reference machine (AVX-512, 2 cores) both ran a decode-shaped product
@@ -42,10 +49,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from etsdk import BackendError
 
 from etsdk_aoti.blob_format import KERNELS_FEATURE
+from etsdk_aoti.kernels.levels import ISA_VARIABLE, LEVELS, KernelLevel, level_named, requested_level, runnable_levels
 
 __all__ = [
+    "ISA_VARIABLE",
+    "LEVELS",
+    "KernelLevel",
+    "current_level",
+    "runnable_levels",
+    "use_level",
     "ATTENTION_C_SHIM",
     "ATTENTION_INT8_C_SHIM",
     "C_SHIM",
@@ -111,11 +126,17 @@ ATTENTION_INT8_C_SHIM = (
     "double scale, AtenTensorHandle* ret0)"
 )
 
-_SOURCE = Path(__file__).with_name("qmm.cpp")
-_SOURCES = [_SOURCE, Path(__file__).with_name("attention.cpp"), Path(__file__).with_name("gemv.cpp")]
+_HERE = Path(__file__).parent
+#: Built once per level (levels.py) into libetsdk_aoti_kernels_<level>.so: the compute, no torch.
+_LEVEL_SOURCES = [_HERE / "qmm.cpp", _HERE / "attention.cpp", _HERE / "gemv.cpp", _HERE / "level.cpp"]
+#: Built once into libetsdk_aoti_kernels.so, with the compiler's baseline target: the entry points compiled
+#: libraries call (operand checks, outputs), forwarding to the selected level's table.
+_ENTRY_SOURCES = [_HERE / "entry.cpp"]
 _lock = threading.Lock()
 _loaded: ctypes.CDLL | None = None
 _path: Path | None = None
+_level: KernelLevel | None = None
+_tables: dict[str, tuple[ctypes.CDLL, int]] = {}  # level name -> (its library, its table's address), kept loaded
 _function: Any = None
 _function_a8: Any = None
 
@@ -240,6 +261,98 @@ def _(
 KERNEL_ATTENTION_INT8 = torch.ops.etsdk_aoti.etsdk_attention_int8.default
 
 
+def _torch_lib() -> Path:
+    return Path(torch.__file__).parent / "lib"
+
+
+def _level_library(level: KernelLevel) -> Path:
+    """Build (once per machine, cached by content) the kernels at ``level``: compute only, no torch; OpenMP from
+    torch's directory (its libgomp, so the team size torch is given applies here too)."""
+    from etsdk.backend import build_native_library
+
+    flags = [*level.flags, "-fopenmp", "-fvisibility=hidden", f"-Wl,-rpath,{_torch_lib()}"]
+    headers = [_HERE / "vec.h", _HERE / "table.h"]
+    return build_native_library(f"etsdk_aoti_kernels_{level.name}", _LEVEL_SOURCES, flags, headers=headers)
+
+
+def _entry_library() -> Path:
+    from etsdk.backend import build_native_library
+
+    torch_dir = Path(torch.__file__).parent
+    lib = _torch_lib()
+    flags = ["-fvisibility=hidden", f"-I{torch_dir / 'include'}", f"-L{lib}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{lib}"]
+    return build_native_library("etsdk_aoti_kernels", _ENTRY_SOURCES, flags, headers=[_HERE / "aoti_shim.h", _HERE / "table.h"])
+
+
+class _TableHead(ctypes.Structure):
+    """The first fields of table.h's KernelTable."""
+
+    _fields_ = [("abi", ctypes.c_int32), ("level", ctypes.c_char_p)]
+
+
+def _select(level: KernelLevel) -> None:
+    """Point the entry points at ``level``'s table (building and loading its library the first time). Holds _lock."""
+    global _level
+    assert _loaded is not None
+    if level.name not in _tables:
+        path = _level_library(level)
+        library = ctypes.CDLL(str(path), mode=ctypes.RTLD_LOCAL)  # its symbols stay its own: one table per level
+        function = library.etsdk_kernels_table
+        function.restype = ctypes.POINTER(_TableHead)
+        head = function()
+        built = head.contents.level
+        if built is None or built.decode() != level.name:
+            raise BackendError(
+                f"{path.name} was built for level {level.name} ({' '.join(level.flags)}) but its code is level "
+                f"{(built or b'?').decode()}: the compiler ignored the flags"
+            )
+        _tables[level.name] = (library, ctypes.cast(head, ctypes.c_void_p).value or 0)
+    select = _loaded.etsdk_aoti_select
+    select.argtypes = [ctypes.c_void_p]
+    select.restype = ctypes.c_int32
+    if select(_tables[level.name][1]) != 0:
+        raise BackendError(f"the kernels of level {level.name} were built for another table ABI; remove {cache_dir_hint()}")
+    _level = level
+
+
+def cache_dir_hint() -> str:
+    from etsdk.backend import cache_dir
+
+    return str(cache_dir() / "native")
+
+
+def load() -> Path:
+    """Build (once per machine) and load the kernels into the process's global scope, with the level this process
+    uses (:func:`etsdk_aoti.kernels.levels.requested_level`) selected; the entry library's path. Raises
+    :class:`etsdk.BackendUnavailableError` where ``ETSDK_AOTI_ISA`` names a level the host cannot run."""
+    global _loaded, _path
+    with _lock:
+        if _path is None:  # once per process: the builds check the cache by hashing the sources
+            level = requested_level()
+            path = _entry_library()
+            _loaded = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+            _select(level)
+            _path = path
+        return _path
+
+
+def current_level() -> KernelLevel:
+    """The level the kernels run at in this process (loading them if needed)."""
+    load()
+    assert _level is not None
+    return _level
+
+
+def use_level(name: str) -> KernelLevel:
+    """Run the kernels at level ``name`` from now on (tests and A/B timing; a level the host cannot run is refused
+    with :class:`etsdk.BackendUnavailableError`). Not while a kernel runs on another thread."""
+    load()
+    chosen = level_named(name)
+    with _lock:
+        _select(chosen)
+    return chosen
+
+
 def attention_rows_read() -> int:
     """Key / value rows the native attention kernel has read in this process (the sum of ``n`` over its calls)."""
     load()
@@ -247,33 +360,6 @@ def attention_rows_read() -> int:
     function = _loaded.etsdk_attention_rows_read
     function.restype = ctypes.c_int64
     return int(function())
-
-
-def _flags() -> list[str]:
-    torch_dir = Path(torch.__file__).parent
-    lib = torch_dir / "lib"
-    return [
-        "-march=native",
-        "-fopenmp",
-        "-fvisibility=hidden",
-        f"-I{torch_dir / 'include'}",
-        f"-L{lib}",
-        "-ltorch_cpu",
-        "-lc10",
-        f"-Wl,-rpath,{lib}",
-    ]
-
-
-def load() -> Path:
-    """Build (once per machine) and load the kernels library into the process's global scope; its path."""
-    global _loaded, _path
-    from etsdk.backend import build_native_library
-
-    with _lock:
-        if _path is None:  # once per process: the build checks the cache by hashing the source
-            _path = build_native_library("etsdk_aoti_kernels", _SOURCES, _flags(), headers=[_SOURCE.with_name("aoti_shim.h")])
-            _loaded = ctypes.CDLL(str(_path), mode=ctypes.RTLD_GLOBAL)
-        return _path
 
 
 def qmm(

@@ -1,8 +1,8 @@
-// etsdk-aoti kernels: the AOTInductor C-shim functions they call, and the one operand check they share.
+// etsdk-aoti kernels: the AOTInductor C-shim functions the entry points call, and the one operand check they share.
 //
-// Every kernel receives AtenTensorHandles from a compiled library and reads them through these functions (torch's
-// libtorch_cpu exports them). contiguous_tensor() is the check each operand passes before any byte is read;
-// widen() reads a bfloat16 / float16 value as its exact float32 (portable code, no instruction-set extension).
+// The entry points (entry.cpp) receive AtenTensorHandles from a compiled library and read them through these
+// functions (torch's libtorch_cpu exports them). contiguous_tensor() is the check each operand passes before any
+// byte is read. Only entry.cpp includes this file: the level libraries link no torch.
 
 #pragma once
 
@@ -43,43 +43,6 @@ inline bool contiguous_tensor(AtenTensorHandle h, int64_t dims, int32_t dtype, i
     expected *= (*sizes)[d];
   }
   return true;
-}
-
-// The weight dtypes: W is the stored element, widen() its exact float32 value.
-struct Bf16 {
-  uint16_t bits;
-};
-struct F16 {
-  uint16_t bits;
-};
-
-inline float widen(float v) { return v; }
-inline float widen(Bf16 v) {
-  const uint32_t bits = static_cast<uint32_t>(v.bits) << 16;
-  float out;
-  __builtin_memcpy(&out, &bits, sizeof out);
-  return out;
-}
-inline float widen(F16 v) {  // IEEE half: sign, 5-bit exponent (bias 15), 10-bit fraction
-  const uint32_t sign = static_cast<uint32_t>(v.bits & 0x8000u) << 16;
-  uint32_t exponent = (v.bits >> 10) & 0x1Fu, fraction = v.bits & 0x3FFu, bits;
-  if (exponent == 0x1Fu) {
-    bits = sign | 0x7F800000u | (fraction << 13);  // infinity, NaN
-  } else if (exponent != 0) {
-    bits = sign | ((exponent + 112u) << 23) | (fraction << 13);
-  } else if (fraction == 0) {
-    bits = sign;
-  } else {  // subnormal: normalize
-    exponent = 113u;
-    while (!(fraction & 0x400u)) {
-      fraction <<= 1;
-      --exponent;
-    }
-    bits = sign | (exponent << 23) | ((fraction & 0x3FFu) << 13);
-  }
-  float out;
-  __builtin_memcpy(&out, &bits, sizeof out);
-  return out;
 }
 
 }  // namespace etsdk_kernels

@@ -1,0 +1,275 @@
+// etsdk-aoti kernels: the entry points AOTInductor-compiled libraries call, the same on every CPU.
+//
+// A compiled library calls aoti_torch_cpu_etsdk_<op> (AOTInductor's C-shim calling convention for the custom
+// operator etsdk_aoti::etsdk_<op>) as it calls ATen's own shims; the loader resolves it against this library
+// (libetsdk_aoti_kernels.so, loaded into the process's global scope before any compiled library). Each entry
+// point checks every operand (dtype, rank, sizes, layout: a mismatch fails the call before any byte is read),
+// allocates the output, and calls the selected level's table (table.h). The level is selected once by
+// etsdk_aoti.kernels (etsdk_aoti_select) before any program runs: until then every call fails.
+//
+// This file is built with the compiler's baseline target (no -march): it runs on every CPU of its architecture.
+
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+#include "aoti_shim.h"
+#include "table.h"
+
+namespace {
+
+using etsdk_kernels::A8Part;
+using etsdk_kernels::contiguous_tensor;
+using etsdk_kernels::FloatWeight;
+using etsdk_kernels::KernelTable;
+using etsdk_kernels::Weights;
+
+std::atomic<const KernelTable*> selected{nullptr};
+std::atomic<int64_t> rows_read{0};
+
+const KernelTable* table() { return selected.load(std::memory_order_acquire); }
+
+// One weight's operands checked (bits, group, dtypes, shapes, layout); false: fail the call (nothing read).
+// mins and bias may be null. With halves non-null (the :a8 entries), float16 scales and minimums are accepted too
+// and returned there (halves[0]: scales, halves[1]: minimums or null); w.scales / w.mins are then null.
+bool weight_operands(AtenTensorHandle qdata, AtenTensorHandle scales, AtenTensorHandle mins, AtenTensorHandle bias,
+                     int64_t bits, int64_t group, Weights& w, const uint16_t** halves = nullptr) {
+  const int32_t f32 = aoti_torch_dtype_float32();
+  int64_t *qs = nullptr, *ss = nullptr, *ms = nullptr, *bs = nullptr;
+  void *qp = nullptr, *sp = nullptr, *mp = nullptr, *bp = nullptr;
+  if (!(bits == 8 || bits == 4) || group < 0 || (bits == 4 && group < 32) || (group % 32 && group)) return false;
+  const int32_t qtype = bits == 8 ? aoti_torch_dtype_int8() : aoti_torch_dtype_uint8();
+  if (!contiguous_tensor(qdata, 2, qtype, &qs, &qp)) return false;
+  w = Weights{};
+  w.bits = (int)bits;
+  w.n = qs[0];
+  w.k = bits == 8 ? qs[1] : qs[1] * 2;
+  w.group = group;
+  w.groups = group ? w.k / group : 1;
+  if (group && w.k % group) return false;
+  int32_t scale_type = f32;
+  if (halves) {  // the :a8 entries: float16 planes are read as stored
+    int32_t found = 0;
+    if (!scales || aoti_torch_get_dtype(scales, &found)) return false;
+    if (found == aoti_torch_dtype_float16()) scale_type = found;
+  }
+  if (group) {
+    if (!contiguous_tensor(scales, 2, scale_type, &ss, &sp) || ss[0] != w.n || ss[1] != w.groups) return false;
+  } else if (!contiguous_tensor(scales, 1, scale_type, &ss, &sp) || ss[0] != w.n) {
+    return false;
+  }
+  if (mins) {
+    if (bits != 4 || !contiguous_tensor(mins, 2, scale_type, &ms, &mp) || ms[0] != w.n || ms[1] != w.groups) return false;
+  }
+  if (bias) {
+    if (!contiguous_tensor(bias, 1, f32, &bs, &bp) || bs[0] != w.n) return false;
+  }
+  w.q8 = static_cast<const int8_t*>(qp);
+  w.q4 = static_cast<const uint8_t*>(qp);
+  if (scale_type == f32) {
+    w.scales = static_cast<const float*>(sp);
+    w.mins = static_cast<const float*>(mp);
+    if (halves) halves[0] = halves[1] = nullptr;
+  } else {
+    halves[0] = static_cast<const uint16_t*>(sp);
+    halves[1] = static_cast<const uint16_t*>(mp);
+  }
+  w.bias = static_cast<const float*>(bp);
+  return true;
+}
+
+// x: float32 [M, K], contiguous; false: fail the call.
+bool input_rows(AtenTensorHandle x, const float** xf, int64_t* m_rows, int64_t* k) {
+  int64_t* xs = nullptr;
+  void* xp = nullptr;
+  if (!contiguous_tensor(x, 2, aoti_torch_dtype_float32(), &xs, &xp)) return false;
+  *xf = static_cast<const float*>(xp);
+  *m_rows = xs[0];
+  *k = xs[1];
+  return true;
+}
+
+// A new float32 tensor of `dims` sizes, contiguous.
+bool new_output(int64_t dims, const int64_t* sizes, AtenTensorHandle* ret0, float** y) {
+  int64_t strides[4];
+  int64_t stride = 1;
+  for (int64_t d = dims - 1; d >= 0; --d) {
+    strides[d] = stride;
+    stride *= sizes[d];
+  }
+  if (aoti_torch_empty_strided(dims, sizes, strides, aoti_torch_dtype_float32(), aoti_torch_device_type_cpu(), 0, ret0)) return false;
+  void* yp = nullptr;
+  if (aoti_torch_get_data_ptr(*ret0, &yp)) return false;
+  *y = static_cast<float*>(yp);
+  return true;
+}
+
+// The :a8 formats (4-bit weights, int8 activations) for one or more weights read by the same x (all of one group
+// size; their outputs side by side in one [M, sum of N] tensor).
+AOTITorchError qmm_a8(AtenTensorHandle x, const AtenTensorHandle* qdata, const AtenTensorHandle* scales,
+                      const AtenTensorHandle* mins, const AtenTensorHandle* bias, int64_t count, int64_t group,
+                      AtenTensorHandle* ret0) {
+  const KernelTable* kernels = table();
+  const float* xf = nullptr;
+  float* y = nullptr;
+  int64_t m_rows = 0, k = 0, n = 0;
+  if (!kernels || count < 1 || !input_rows(x, &xf, &m_rows, &k)) return AOTI_TORCH_FAILURE;
+  std::vector<A8Part> parts(count);
+  for (int64_t p = 0; p < count; ++p) {
+    const uint16_t* halves[2] = {nullptr, nullptr};
+    Weights& w = parts[p].w;
+    if (!weight_operands(qdata[p], scales[p], mins ? mins[p] : nullptr, bias ? bias[p] : nullptr, 4, group, w, halves)) {
+      return AOTI_TORCH_FAILURE;
+    }
+    if (w.k != k) return AOTI_TORCH_FAILURE;
+    parts[p].s16 = halves[0];
+    parts[p].m16 = halves[1];
+    n += w.n;
+  }
+  const int64_t sizes[2] = {m_rows, n};
+  if (!new_output(2, sizes, ret0, &y)) return AOTI_TORCH_FAILURE;
+  if (m_rows == 0 || n == 0) return AOTI_TORCH_SUCCESS;
+  for (int64_t p = 0, column = 0; p < count; column += parts[p].w.n, ++p) parts[p].y = y + column;
+  kernels->qmm_a8(parts.data(), count, xf, m_rows, n);
+  return AOTI_TORCH_SUCCESS;
+}
+
+// Checks the operands of either attention form and allocates the output; false when any is not what the schema says.
+bool attention_operands(AtenTensorHandle query, AtenTensorHandle key, AtenTensorHandle value, AtenTensorHandle mask,
+                        int32_t cache_dtype, int64_t** qs, int64_t** ks, int64_t** vs, int64_t** ms, void** qp, void** kp,
+                        void** vp, void** mp, AtenTensorHandle* ret0, float** out) {
+  const int32_t f32 = aoti_torch_dtype_float32();
+  if (!contiguous_tensor(query, 4, f32, qs, qp) || !contiguous_tensor(key, 4, cache_dtype, ks, kp) ||
+      !contiguous_tensor(value, 4, cache_dtype, vs, vp) || !contiguous_tensor(mask, 4, aoti_torch_dtype_bool(), ms, mp))
+    return false;
+  const int64_t B = (*qs)[0], Hq = (*qs)[1], L = (*qs)[2], E = (*qs)[3];
+  const int64_t H = (*ks)[1], S = (*ks)[2], Ev = (*vs)[3];
+  if ((*ks)[0] != B || (*ks)[3] != E || (*vs)[0] != B || (*vs)[1] != H || (*vs)[2] != S || H <= 0 || Hq % H) return false;
+  if (!((*ms)[0] == 1 || (*ms)[0] == B) || (*ms)[1] != 1 || (*ms)[2] != L || (*ms)[3] != S) return false;
+  const int64_t sizes[4] = {B, Hq, L, Ev};
+  return new_output(4, sizes, ret0, out);
+}
+
+// A scale operand: contiguous float32 [B, H, S, 1] for the cache sizes ks.
+bool row_scales(AtenTensorHandle handle, const int64_t* ks, const float** data) {
+  int64_t* sizes = nullptr;
+  void* p = nullptr;
+  if (!contiguous_tensor(handle, 4, aoti_torch_dtype_float32(), &sizes, &p)) return false;
+  if (sizes[0] != ks[0] || sizes[1] != ks[1] || sizes[2] != ks[2] || sizes[3] != 1) return false;
+  *data = static_cast<const float*>(p);
+  return true;
+}
+
+AOTITorchError attention(AtenTensorHandle query, AtenTensorHandle key, const float* kscale, AtenTensorHandle value,
+                         const float* vscale, AtenTensorHandle mask, int32_t cache_dtype, double scale, AtenTensorHandle* ret0) {
+  const KernelTable* kernels = table();
+  int64_t *qs = nullptr, *ks = nullptr, *vs = nullptr, *ms = nullptr;
+  void *qp = nullptr, *kp = nullptr, *vp = nullptr, *mp = nullptr;
+  float* out = nullptr;
+  if (!kernels || !attention_operands(query, key, value, mask, cache_dtype, &qs, &ks, &vs, &ms, &qp, &kp, &vp, &mp, ret0, &out))
+    return AOTI_TORCH_FAILURE;
+  if (qs[0] == 0 || qs[1] == 0 || qs[2] == 0) return AOTI_TORCH_SUCCESS;
+  const int64_t n = kernels->attention(static_cast<const float*>(qp), kp, kscale, vp, vscale, static_cast<const bool*>(mp), out,
+                                       qs[0], qs[1], qs[2], qs[3], ks[1], ks[2], vs[3], ms[0], static_cast<float>(scale));
+  rows_read.fetch_add(n, std::memory_order_relaxed);
+  return AOTI_TORCH_SUCCESS;
+}
+
+}  // namespace
+
+#define ETSDK_EXPORT extern "C" __attribute__((visibility("default")))
+
+// Makes `kernels` the table every entry point calls (a level library's etsdk_kernels_table()); 0 on success,
+// 1 when its ABI is not this library's. Called by etsdk_aoti.kernels between calls, never during one.
+ETSDK_EXPORT int32_t etsdk_aoti_select(const KernelTable* kernels) {
+  if (!kernels || kernels->abi != etsdk_kernels::kTableAbi) return 1;
+  selected.store(kernels, std::memory_order_release);
+  return 0;
+}
+
+// The selected level's name, or "" before any is selected.
+ETSDK_EXPORT const char* etsdk_aoti_level() {
+  const KernelTable* kernels = table();
+  return kernels ? kernels->level : "";
+}
+
+// Key / value rows the attention kernels have read in this process (the sum of n over their calls).
+ETSDK_EXPORT int64_t etsdk_attention_rows_read() { return rows_read.load(); }
+
+ETSDK_EXPORT AOTITorchError aoti_torch_cpu_etsdk_qmm(AtenTensorHandle x, AtenTensorHandle qdata, AtenTensorHandle scales,
+                                                     AtenTensorHandle* mins, AtenTensorHandle* bias, int64_t bits,
+                                                     int64_t group, AtenTensorHandle* ret0) {
+  const KernelTable* kernels = table();
+  Weights w;
+  const float* xf = nullptr;
+  float* y = nullptr;
+  int64_t m_rows = 0, k = 0;
+  if (!kernels || !input_rows(x, &xf, &m_rows, &k)) return AOTI_TORCH_FAILURE;
+  if (!weight_operands(qdata, scales, mins ? *mins : nullptr, bias ? *bias : nullptr, bits, group, w)) return AOTI_TORCH_FAILURE;
+  const int64_t sizes[2] = {m_rows, w.n};
+  if (w.k != k || !new_output(2, sizes, ret0, &y)) return AOTI_TORCH_FAILURE;
+  if (m_rows == 0 || w.n == 0) return AOTI_TORCH_SUCCESS;
+  kernels->qmm(&w, xf, m_rows, y);
+  return AOTI_TORCH_SUCCESS;
+}
+
+ETSDK_EXPORT AOTITorchError aoti_torch_cpu_etsdk_qmm_a8(AtenTensorHandle x, AtenTensorHandle qdata, AtenTensorHandle scales,
+                                                        AtenTensorHandle* mins, AtenTensorHandle* bias, int64_t group,
+                                                        AtenTensorHandle* ret0) {
+  return qmm_a8(x, &qdata, &scales, mins && *mins ? mins : nullptr, bias && *bias ? bias : nullptr, 1, group, ret0);
+}
+
+// etsdk_aoti::etsdk_qmm_a8_fused: the :a8 product of several weights that read the same x, as AOTInductor passes
+// Tensor[] arguments (a pointer and a length each); mins and bias hold one tensor per weight or none at all.
+ETSDK_EXPORT AOTITorchError aoti_torch_cpu_etsdk_qmm_a8_fused(AtenTensorHandle x, const AtenTensorHandle* qdata,
+                                                              int64_t qdata_len, const AtenTensorHandle* scales,
+                                                              int64_t scales_len, const AtenTensorHandle* mins,
+                                                              int64_t mins_len, const AtenTensorHandle* bias,
+                                                              int64_t bias_len, int64_t group, AtenTensorHandle* ret0) {
+  if (scales_len != qdata_len || (mins_len && mins_len != qdata_len) || (bias_len && bias_len != qdata_len)) {
+    return AOTI_TORCH_FAILURE;
+  }
+  return qmm_a8(x, qdata, scales, mins_len ? mins : nullptr, bias_len ? bias : nullptr, qdata_len, group, ret0);
+}
+
+ETSDK_EXPORT AOTITorchError aoti_torch_cpu_etsdk_linear(AtenTensorHandle x, AtenTensorHandle weight, AtenTensorHandle* bias,
+                                                        AtenTensorHandle* ret0) {
+  const KernelTable* kernels = table();
+  const int32_t f32 = aoti_torch_dtype_float32(), bf16 = aoti_torch_dtype_bfloat16(), f16 = aoti_torch_dtype_float16();
+  int64_t *xs = nullptr, *ws = nullptr, *bs = nullptr;
+  void *xp = nullptr, *wp = nullptr, *bp = nullptr;
+  int32_t w_dtype = 0;
+  if (!kernels || !weight || aoti_torch_get_dtype(weight, &w_dtype) || (w_dtype != f32 && w_dtype != bf16 && w_dtype != f16)) {
+    return AOTI_TORCH_FAILURE;
+  }
+  if (!contiguous_tensor(x, 2, f32, &xs, &xp) || !contiguous_tensor(weight, 2, w_dtype, &ws, &wp)) return AOTI_TORCH_FAILURE;
+  const int64_t m_rows = xs[0], k = xs[1], n = ws[0];
+  if (ws[1] != k) return AOTI_TORCH_FAILURE;
+  if (bias && *bias && (!contiguous_tensor(*bias, 1, f32, &bs, &bp) || bs[0] != n)) return AOTI_TORCH_FAILURE;
+  const int64_t sizes[2] = {m_rows, n};
+  float* y = nullptr;
+  if (!new_output(2, sizes, ret0, &y)) return AOTI_TORCH_FAILURE;
+  if (m_rows == 0 || n == 0) return AOTI_TORCH_SUCCESS;
+  const FloatWeight kind = w_dtype == bf16 ? FloatWeight::kBfloat16 : w_dtype == f16 ? FloatWeight::kFloat16 : FloatWeight::kFloat32;
+  kernels->linear(static_cast<const float*>(xp), wp, kind, static_cast<const float*>(bp), y, m_rows, n, k);
+  return AOTI_TORCH_SUCCESS;
+}
+
+ETSDK_EXPORT AOTITorchError aoti_torch_cpu_etsdk_attention(AtenTensorHandle query, AtenTensorHandle key, AtenTensorHandle value,
+                                                           AtenTensorHandle mask, double scale, AtenTensorHandle* ret0) {
+  return attention(query, key, nullptr, value, nullptr, mask, aoti_torch_dtype_float32(), scale, ret0);
+}
+
+ETSDK_EXPORT AOTITorchError aoti_torch_cpu_etsdk_attention_int8(AtenTensorHandle query, AtenTensorHandle key,
+                                                                AtenTensorHandle key_scale, AtenTensorHandle value,
+                                                                AtenTensorHandle value_scale, AtenTensorHandle mask,
+                                                                double scale, AtenTensorHandle* ret0) {
+  // the scales are checked first: no output is allocated for a call that fails
+  int64_t* key_sizes = nullptr;
+  void* unused = nullptr;
+  const float *kscale = nullptr, *vscale = nullptr;
+  if (!contiguous_tensor(key, 4, aoti_torch_dtype_int8(), &key_sizes, &unused) || !row_scales(key_scale, key_sizes, &kscale) ||
+      !row_scales(value_scale, key_sizes, &vscale))
+    return AOTI_TORCH_FAILURE;
+  return attention(query, key, kscale, value, vscale, mask, aoti_torch_dtype_int8(), scale, ret0);
+}

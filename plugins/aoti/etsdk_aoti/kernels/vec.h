@@ -1,0 +1,703 @@
+// etsdk-aoti kernels: the vector operations every kernel is written in, once per instruction-set level.
+//
+// The kernels' drivers (qmm.cpp, gemv.cpp, attention.cpp) are the same on every CPU; what differs is how
+// sixteen float lanes, sixteen int32 lanes and sixty-four weight bytes are held and multiplied. This file
+// defines that vocabulary for each level, side by side, with the same names and meanings in every section:
+//
+//   F      16 float32 lanes           I      16 int32 lanes          B      64 bytes (4-bit weights unpacked, 0..15)
+//
+// Which section compiles follows the compiler's target macros, so one source builds at every level:
+//
+//   level         flags (kernels/__init__.py: LEVELS)         F is             integer products (dot4)
+//   avx512vnni    -march=x86-64-v4 -mavx512vnni               __m512           vpdpbusd, 64 bytes a step
+//   avx512        -march=x86-64-v4                            __m512           vpmaddubsw + vpmaddwd
+//   avx2vnni      -march=x86-64-v3 -mavxvnni                  2 x __m256       vpdpbusd (VEX), 2 x 32 bytes
+//   avx2          -march=x86-64-v3                            2 x __m256       vpmaddubsw + vpmaddwd
+//   neon          -march=armv8.2-a+dotprod (aarch64)          4 x float32x4_t  sdot (vdotq_s32)
+//   neonv8        -march=armv8-a (aarch64)                    4 x float32x4_t  smull (vmull_s8) + pairwise adds
+//   portable      -DETSDK_KERNELS_PORTABLE, any -march          float[16]        plain loops
+//
+// kRegisters says how
+// many F values a kernel may keep live before the compiler spills: register blocking is chosen from it, so
+// AVX-512's 32 registers and AVX2's 16 ymm (8 F) both get a block that fits.
+//
+// Everything here is header-only, inline and free of torch: the level libraries link no torch, and the
+// standalone check (kernels/check.cpp) cross-compiles for aarch64 with this file alone.
+
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(ETSDK_KERNELS_PORTABLE)
+#define ETSDK_VEC_PORTABLE 1
+#elif defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
+#define ETSDK_VEC_AVX512 1
+#include <immintrin.h>
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define ETSDK_VEC_AVX2 1
+#include <immintrin.h>
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#define ETSDK_VEC_NEON 1
+#include <arm_neon.h>
+#else
+#define ETSDK_VEC_PORTABLE 1
+#endif
+
+namespace etsdk_kernels {
+
+// ---------------------------------------------------------------- scalar pieces shared by every level
+
+// The weight dtypes: W is the stored element, widen() its exact float32 value (portable code).
+struct Bf16 {
+  uint16_t bits;
+};
+struct F16 {
+  uint16_t bits;
+};
+
+inline float widen(float v) { return v; }
+inline float widen(int8_t v) { return static_cast<float>(v); }
+inline float widen(Bf16 v) {
+  const uint32_t bits = static_cast<uint32_t>(v.bits) << 16;
+  float out;
+  std::memcpy(&out, &bits, sizeof out);
+  return out;
+}
+inline float widen(F16 v) {  // IEEE half: sign, 5-bit exponent (bias 15), 10-bit fraction
+  const uint32_t sign = static_cast<uint32_t>(v.bits & 0x8000u) << 16;
+  uint32_t exponent = (v.bits >> 10) & 0x1Fu, fraction = v.bits & 0x3FFu, bits;
+  if (exponent == 0x1Fu) {
+    bits = sign | 0x7F800000u | (fraction << 13);  // infinity, NaN
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112u) << 23) | (fraction << 13);
+  } else if (fraction == 0) {
+    bits = sign;
+  } else {  // subnormal: normalize
+    exponent = 113u;
+    while (!(fraction & 0x400u)) {
+      fraction <<= 1;
+      --exponent;
+    }
+    bits = sign | (exponent << 23) | ((fraction & 0x3FFu) << 13);
+  }
+  float out;
+  std::memcpy(&out, &bits, sizeof out);
+  return out;
+}
+inline float half_to_float(uint16_t bits) { return widen(F16{bits}); }
+
+// exp(x) for x <= 0: 2^(x log2 e) split into an integer power of two, built in the exponent bits, and a
+// degree-6 polynomial for 2^f, f in [0, 1) (a minimax fit: relative error 1.1e-7, as expf's). Below -87 (under
+// float's normal range) it is 0, so a masked score (-inf) weighs 0. NaN stays NaN. Every level's exp_nonpositive
+// is this arithmetic lane by lane.
+constexpr float kExpC[7] = {2.1702154e-4f, 1.2439680e-3f, 9.6788472e-3f, 5.5483337e-2f, 2.4022985e-1f, 6.9314700e-1f, 1.f};
+inline float exp_nonpositive(float x) {
+  const float t = (x > -87.f ? x : -87.f) * 1.4426950408889634f;
+  const float whole = std::floor(t);
+  const float f = t - whole;
+  float p = kExpC[0];
+  for (int i = 1; i < 7; ++i) p = p * f + kExpC[i];
+  const int32_t bits = (static_cast<int32_t>(whole) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return x < -87.f ? 0.f : p * scale;
+}
+
+namespace vec {
+
+#if defined(ETSDK_VEC_AVX512)
+// ================================================================ AVX-512 (F, BW, VL, DQ; VNNI where built with it)
+#if defined(__AVX512VNNI__)
+constexpr const char* kLevel = "avx512vnni";
+#else
+constexpr const char* kLevel = "avx512";
+#endif
+constexpr int kRegisters = 32;
+using F = __m512;
+using I = __m512i;
+using B = __m512i;
+
+inline __mmask16 first_lanes(int64_t n) { return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n > 0 ? n : 0)) - 1u); }
+inline F zero() { return _mm512_setzero_ps(); }
+inline F set1(float v) { return _mm512_set1_ps(v); }
+inline F load(const float* p) { return _mm512_loadu_ps(p); }
+inline F load(const int8_t* p) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p))); }
+inline F load(const Bf16* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+inline F load(const F16* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
+inline F load_half(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
+inline F load_first(const float* p, int64_t n) { return _mm512_maskz_loadu_ps(first_lanes(n), p); }
+inline F load_first(const int8_t* p, int64_t n) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(first_lanes(n), p)));
+}
+inline F load_half_first(const uint16_t* p, int64_t n) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(first_lanes(n), p)); }
+// any other element type (bfloat16, float16 weights): through a zeroed buffer of sixteen
+template <typename T>
+inline F load_first(const T* p, int64_t n) {
+  T b[16] = {};
+  std::memcpy(b, p, sizeof(T) * (size_t)(n < 0 ? 0 : n > 16 ? 16 : n));
+  return load(b);
+}
+inline void store(float* p, F v) { _mm512_storeu_ps(p, v); }
+inline void store_first(float* p, F v, int64_t n) { _mm512_mask_storeu_ps(p, first_lanes(n), v); }
+inline F add(F a, F b) { return _mm512_add_ps(a, b); }
+inline F sub(F a, F b) { return _mm512_sub_ps(a, b); }
+inline F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+inline F max(F a, F b) { return _mm512_max_ps(a, b); }
+inline F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+inline float reduce_add(F v) { return _mm512_reduce_add_ps(v); }
+inline float reduce_max(F v) { return _mm512_reduce_max_ps(v); }
+// lanes [s0 x4, s1 x4, s0 x4, s1 x4]: a chunk's weight scale per dot4 lane (two groups of 32 per chunk)
+inline F blocks2(float s0, float s1) {
+  const __m512i pattern = _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
+  return _mm512_permutexvar_ps(pattern, _mm512_castps128_ps512(_mm_set_ps(0.f, 0.f, s1, s0)));
+}
+// x where the first n mask bytes are true, `masked` elsewhere (lanes past n too)
+inline F visible_or(const bool* m, int64_t n, F x, float masked) {
+  const __mmask16 in = first_lanes(n);
+  const __m128i bytes = _mm_maskz_loadu_epi8(in, m);
+  return _mm512_mask_mov_ps(_mm512_set1_ps(masked), _mm_test_epi8_mask(bytes, bytes) & in, x);
+}
+// the low / high nibbles of 16 bytes as floats
+inline F nibbles_low(const uint8_t* q) {
+  return _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)q)), _mm512_set1_epi32(0x0F)));
+}
+inline F nibbles_high(const uint8_t* q) {
+  return _mm512_cvtepi32_ps(_mm512_srli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)q)), 4));
+}
+inline F exp_nonpositive(F x) {
+  const F t = _mm512_mul_ps(_mm512_max_ps(_mm512_set1_ps(-87.f), x), _mm512_set1_ps(1.4426950408889634f));
+  const F whole = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  const F f = _mm512_sub_ps(t, whole);
+  F p = _mm512_set1_ps(kExpC[0]);
+  for (int i = 1; i < 7; ++i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kExpC[i]));
+  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(whole), _mm512_set1_epi32(127)), 23);
+  const F r = _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+  return _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.f), _CMP_LT_OQ), _mm512_setzero_ps());
+}
+// [sum(v[0]), ..., sum(v[15])]: sixteen horizontal sums in 45 shuffles and adds (one alone takes about 10)
+inline F reduce16(const F* v) {
+  F s[8], u[4];
+  for (int i = 0; i < 8; ++i)
+    s[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i)
+    u[i] = _mm512_add_ps(_mm512_shuffle_ps(s[2 * i], s[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(s[2 * i], s[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const F x0 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const F x1 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(x0, x1, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_f32x4(x0, x1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+// dst[i][j] = src[j][i] for a 16 x 16 block of floats
+inline void transpose16(const float* src, int64_t lds, float* dst, int64_t ldd) {
+  F r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * lds);
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[4 * i + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[4 * i + 0]), _mm512_castps_pd(t[4 * i + 2])));
+    r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[4 * i + 0]), _mm512_castps_pd(t[4 * i + 2])));
+    r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[4 * i + 1]), _mm512_castps_pd(t[4 * i + 3])));
+    r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[4 * i + 1]), _mm512_castps_pd(t[4 * i + 3])));
+  }
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
+    t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xdd);
+    t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
+    t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xdd);
+  }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+  }
+  for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + i * ldd, r[i]);
+}
+inline void prefetch(const void* p) { _mm_prefetch((const char*)p, _MM_HINT_T0); }
+// integers
+inline I izero() { return _mm512_setzero_si512(); }
+inline I iload(const int32_t* p) { return _mm512_loadu_si512(p); }
+inline F to_float(I v) { return _mm512_cvtepi32_ps(v); }
+// 32 packed bytes (two 4-bit values each) as 64 bytes: the 32 low nibbles, then the 32 high ones
+inline B unpack_nibbles(const uint8_t* q) {
+  const __m256i low = _mm256_set1_epi8(0x0F), v = _mm256_loadu_si256((const __m256i*)q);
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, low)), _mm256_and_si256(_mm256_srli_epi16(v, 4), low), 1);
+}
+// the same from 16 packed bytes (a last chunk of one block): the other 16 of each half are zero
+inline B unpack_nibbles16(const uint8_t* q) {
+  const __m256i low = _mm256_set1_epi8(0x0F), v = _mm256_maskz_loadu_epi8(0xFFFF, q);
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, low)), _mm256_and_si256(_mm256_srli_epi16(v, 4), low), 1);
+}
+// acc + per lane l the sum of w[4l + i] * x[4l + i], i < 4 (w unsigned 0..15, x signed -127..127: exact)
+inline I dot4(I acc, B w, const int8_t* x) {
+  const __m512i xv = _mm512_loadu_si512(x);
+#if defined(__AVX512VNNI__)
+  return _mm512_dpbusd_epi32(acc, w, xv);
+#else
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(w, xv), _mm512_set1_epi16(1)));
+#endif
+}
+
+#elif defined(ETSDK_VEC_AVX2)
+// ================================================================ AVX2 + FMA + F16C (x86-64-v3; AVX-VNNI where built with it)
+#if defined(__AVXVNNI__)
+constexpr const char* kLevel = "avx2vnni";
+#else
+constexpr const char* kLevel = "avx2";
+#endif
+constexpr int kRegisters = 8;  // 16 ymm registers, two per F
+struct F {
+  __m256 lo, hi;
+};
+struct I {
+  __m256i lo, hi;
+};
+struct B {
+  __m256i lo, hi;
+};
+
+// a lane mask for the first n of 8 lanes (maskload / maskstore read the sign bit)
+inline __m256i first8(int64_t n) {
+  const __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n < 0 ? 0 : n > 8 ? 8 : n)), index);
+}
+inline F zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+inline F set1(float v) { return {_mm256_set1_ps(v), _mm256_set1_ps(v)}; }
+inline F load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+inline __m256 load8(const int8_t* p) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p))); }
+inline F load(const int8_t* p) { return {load8(p), load8(p + 8)}; }
+inline __m256 load8(const Bf16* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+}
+inline F load(const Bf16* p) { return {load8(p), load8(p + 8)}; }
+inline F load(const F16* p) {
+  return {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 8)))};
+}
+inline F load_half(const uint16_t* p) { return load(reinterpret_cast<const F16*>(p)); }
+inline F load_first(const float* p, int64_t n) {
+  return {_mm256_maskload_ps(p, first8(n)), n > 8 ? _mm256_maskload_ps(p + 8, first8(n - 8)) : _mm256_setzero_ps()};
+}
+inline F load_first(const int8_t* p, int64_t n) {
+  alignas(16) int8_t b[16] = {0};
+  std::memcpy(b, p, (size_t)(n < 0 ? 0 : n > 16 ? 16 : n));
+  return load(b);
+}
+inline F load_half_first(const uint16_t* p, int64_t n) {
+  alignas(32) uint16_t b[16] = {0};
+  std::memcpy(b, p, sizeof(uint16_t) * (size_t)(n < 0 ? 0 : n > 16 ? 16 : n));
+  return load_half(b);
+}
+// any other element type (bfloat16, float16 weights): through a zeroed buffer of sixteen
+template <typename T>
+inline F load_first(const T* p, int64_t n) {
+  T b[16] = {};
+  std::memcpy(b, p, sizeof(T) * (size_t)(n < 0 ? 0 : n > 16 ? 16 : n));
+  return load(b);
+}
+inline void store(float* p, F v) {
+  _mm256_storeu_ps(p, v.lo);
+  _mm256_storeu_ps(p + 8, v.hi);
+}
+inline void store_first(float* p, F v, int64_t n) {
+  _mm256_maskstore_ps(p, first8(n), v.lo);
+  if (n > 8) _mm256_maskstore_ps(p + 8, first8(n - 8), v.hi);
+}
+inline F add(F a, F b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+inline F sub(F a, F b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
+inline F mul(F a, F b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+inline F max(F a, F b) { return {_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)}; }
+inline F fma(F a, F b, F c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
+inline float hsum8(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+inline float reduce_add(F v) { return hsum8(_mm256_add_ps(v.lo, v.hi)); }
+inline float reduce_max(F v) {
+  const __m256 m = _mm256_max_ps(v.lo, v.hi);
+  const __m128 s = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  const __m128 t = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_max_ss(t, _mm_movehdup_ps(t)));
+}
+inline F blocks2(float s0, float s1) {
+  const __m256 both = _mm256_setr_ps(s0, s0, s0, s0, s1, s1, s1, s1);
+  return {both, both};
+}
+inline F visible_or(const bool* m, int64_t n, F x, float masked) {
+  alignas(16) uint8_t b[16] = {0};
+  std::memcpy(b, m, (size_t)(n < 0 ? 0 : n > 16 ? 16 : n));
+  const __m128i bytes = _mm_load_si128((const __m128i*)b);
+  // each lane all-ones where its byte is non-zero
+  const __m256i lo = _mm256_cvtepi8_epi32(_mm_cmpgt_epi8(_mm_min_epu8(bytes, _mm_set1_epi8(1)), _mm_setzero_si128()));
+  const __m256i hi = _mm256_cvtepi8_epi32(_mm_srli_si128(_mm_cmpgt_epi8(_mm_min_epu8(bytes, _mm_set1_epi8(1)), _mm_setzero_si128()), 8));
+  const __m256 fill = _mm256_set1_ps(masked);
+  return {_mm256_blendv_ps(fill, x.lo, _mm256_castsi256_ps(lo)), _mm256_blendv_ps(fill, x.hi, _mm256_castsi256_ps(hi))};
+}
+inline F nibbles_low(const uint8_t* q) {
+  const __m128i v = _mm_and_si128(_mm_loadu_si128((const __m128i*)q), _mm_set1_epi8(0x0F));
+  return {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)))};
+}
+inline F nibbles_high(const uint8_t* q) {
+  const __m128i v = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i*)q), 4), _mm_set1_epi8(0x0F));
+  return {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)))};
+}
+inline __m256 exp8(__m256 x) {
+  const __m256 t = _mm256_mul_ps(_mm256_max_ps(_mm256_set1_ps(-87.f), x), _mm256_set1_ps(1.4426950408889634f));
+  const __m256 whole = _mm256_floor_ps(t);
+  const __m256 f = _mm256_sub_ps(t, whole);
+  __m256 p = _mm256_set1_ps(kExpC[0]);
+  for (int i = 1; i < 7; ++i) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExpC[i]));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(whole), _mm256_set1_epi32(127)), 23);
+  const __m256 r = _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+  return _mm256_blendv_ps(r, _mm256_setzero_ps(), _mm256_cmp_ps(x, _mm256_set1_ps(-87.f), _CMP_LT_OQ));
+}
+inline F exp_nonpositive(F x) { return {exp8(x.lo), exp8(x.hi)}; }
+// eight horizontal sums of eight-lane vectors at once
+inline __m256 reduce8(const __m256* v) {
+  const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+  const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+inline F reduce16(const F* v) {
+  __m256 s[8];
+  for (int i = 0; i < 8; ++i) s[i] = _mm256_add_ps(v[i].lo, v[i].hi);
+  __m256 t[8];
+  for (int i = 0; i < 8; ++i) t[i] = _mm256_add_ps(v[8 + i].lo, v[8 + i].hi);
+  return {reduce8(s), reduce8(t)};
+}
+inline void transpose16(const float* src, int64_t lds, float* dst, int64_t ldd) {
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 16; ++j) dst[j * ldd + i] = src[i * lds + j];
+}
+inline void prefetch(const void* p) { _mm_prefetch((const char*)p, _MM_HINT_T0); }
+inline I izero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
+inline I iload(const int32_t* p) { return {_mm256_loadu_si256((const __m256i*)p), _mm256_loadu_si256((const __m256i*)(p + 8))}; }
+inline F to_float(I v) { return {_mm256_cvtepi32_ps(v.lo), _mm256_cvtepi32_ps(v.hi)}; }
+inline B unpack_nibbles(const uint8_t* q) {
+  const __m256i low = _mm256_set1_epi8(0x0F), v = _mm256_loadu_si256((const __m256i*)q);
+  return {_mm256_and_si256(v, low), _mm256_and_si256(_mm256_srli_epi16(v, 4), low)};
+}
+inline B unpack_nibbles16(const uint8_t* q) {
+  const __m256i low = _mm256_set1_epi8(0x0F), v = _mm256_castsi128_si256(_mm_loadu_si128((const __m128i*)q));
+  const __m256i v16 = _mm256_inserti128_si256(v, _mm_setzero_si128(), 1);
+  return {_mm256_and_si256(v16, low), _mm256_and_si256(_mm256_srli_epi16(v16, 4), low)};
+}
+inline __m256i dot4_8(__m256i acc, __m256i w, __m256i x) {
+#if defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(acc, w, x);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
+#endif
+}
+inline I dot4(I acc, B w, const int8_t* x) {
+  return {dot4_8(acc.lo, w.lo, _mm256_loadu_si256((const __m256i*)x)), dot4_8(acc.hi, w.hi, _mm256_loadu_si256((const __m256i*)(x + 32)))};
+}
+
+#elif defined(ETSDK_VEC_NEON)
+// ================================================================ aarch64 NEON (dotprod where built with it)
+#if defined(__ARM_FEATURE_DOTPROD)
+constexpr const char* kLevel = "neon";
+#else
+constexpr const char* kLevel = "neonv8";
+#endif
+constexpr int kRegisters = 8;  // 32 q registers, four per F
+struct F {
+  float32x4_t v[4];
+};
+struct I {
+  int32x4_t v[4];
+};
+struct B {
+  int8x16_t v[4];
+};
+
+inline F zero() { return {{vdupq_n_f32(0.f), vdupq_n_f32(0.f), vdupq_n_f32(0.f), vdupq_n_f32(0.f)}}; }
+inline F set1(float s) { return {{vdupq_n_f32(s), vdupq_n_f32(s), vdupq_n_f32(s), vdupq_n_f32(s)}}; }
+inline F load(const float* p) { return {{vld1q_f32(p), vld1q_f32(p + 4), vld1q_f32(p + 8), vld1q_f32(p + 12)}}; }
+inline F load(const int8_t* p) {
+  const int8x16_t b = vld1q_s8(p);
+  const int16x8_t lo = vmovl_s8(vget_low_s8(b)), hi = vmovl_s8(vget_high_s8(b));
+  return {{vcvtq_f32_s32(vmovl_s16(vget_low_s16(lo))), vcvtq_f32_s32(vmovl_s16(vget_high_s16(lo))),
+           vcvtq_f32_s32(vmovl_s16(vget_low_s16(hi))), vcvtq_f32_s32(vmovl_s16(vget_high_s16(hi)))}};
+}
+inline F load(const Bf16* p) {
+  const uint16x8_t a = vld1q_u16(&p[0].bits), b = vld1q_u16(&p[8].bits);
+  return {{vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(a), 16)), vreinterpretq_f32_u32(vshll_n_u16(vget_high_u16(a), 16)),
+           vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(b), 16)), vreinterpretq_f32_u32(vshll_n_u16(vget_high_u16(b), 16))}};
+}
+inline F load_half(const uint16_t* p) {
+  const float16x8_t a = vreinterpretq_f16_u16(vld1q_u16(p)), b = vreinterpretq_f16_u16(vld1q_u16(p + 8));
+  return {{vcvt_f32_f16(vget_low_f16(a)), vcvt_f32_f16(vget_high_f16(a)), vcvt_f32_f16(vget_low_f16(b)), vcvt_f32_f16(vget_high_f16(b))}};
+}
+inline F load(const F16* p) { return load_half(&p[0].bits); }
+inline F load_first(const float* p, int64_t n) {
+  float b[16] = {0};
+  std::memcpy(b, p, sizeof(float) * (size_t)(n < 0 ? 0 : n > 16 ? 16 : n));
+  return load(b);
+}
+inline F load_first(const int8_t* p, int64_t n) {
+  int8_t b[16] = {0};
+  std::memcpy(b, p, (size_t)(n < 0 ? 0 : n > 16 ? 16 : n));
+  return load(b);
+}
+inline F load_half_first(const uint16_t* p, int64_t n) {
+  uint16_t b[16] = {0};
+  std::memcpy(b, p, sizeof(uint16_t) * (size_t)(n < 0 ? 0 : n > 16 ? 16 : n));
+  return load_half(b);
+}
+// any other element type (bfloat16, float16 weights): through a zeroed buffer of sixteen
+template <typename T>
+inline F load_first(const T* p, int64_t n) {
+  T b[16] = {};
+  std::memcpy(b, p, sizeof(T) * (size_t)(n < 0 ? 0 : n > 16 ? 16 : n));
+  return load(b);
+}
+inline void store(float* p, F v) {
+  for (int i = 0; i < 4; ++i) vst1q_f32(p + 4 * i, v.v[i]);
+}
+inline void store_first(float* p, F v, int64_t n) {
+  float b[16];
+  store(b, v);
+  std::memcpy(p, b, sizeof(float) * (size_t)(n < 0 ? 0 : n > 16 ? 16 : n));
+}
+#define ETSDK_NEON_MAP2(op)                                    \
+  F r;                                                         \
+  for (int i = 0; i < 4; ++i) r.v[i] = op(a.v[i], b.v[i]);     \
+  return r;
+inline F add(F a, F b) { ETSDK_NEON_MAP2(vaddq_f32) }
+inline F sub(F a, F b) { ETSDK_NEON_MAP2(vsubq_f32) }
+inline F mul(F a, F b) { ETSDK_NEON_MAP2(vmulq_f32) }
+inline F max(F a, F b) { ETSDK_NEON_MAP2(vmaxq_f32) }
+#undef ETSDK_NEON_MAP2
+inline F fma(F a, F b, F c) {
+  F r;
+  for (int i = 0; i < 4; ++i) r.v[i] = vfmaq_f32(c.v[i], a.v[i], b.v[i]);
+  return r;
+}
+inline float reduce_add(F v) { return vaddvq_f32(vaddq_f32(vaddq_f32(v.v[0], v.v[1]), vaddq_f32(v.v[2], v.v[3]))); }
+inline float reduce_max(F v) { return vmaxvq_f32(vmaxq_f32(vmaxq_f32(v.v[0], v.v[1]), vmaxq_f32(v.v[2], v.v[3]))); }
+inline F blocks2(float s0, float s1) { return {{vdupq_n_f32(s0), vdupq_n_f32(s1), vdupq_n_f32(s0), vdupq_n_f32(s1)}}; }
+inline F visible_or(const bool* m, int64_t n, F x, float masked) {
+  uint8_t b[16] = {0};
+  std::memcpy(b, m, (size_t)(n < 0 ? 0 : n > 16 ? 16 : n));
+  const uint8x16_t seen = vtstq_u8(vld1q_u8(b), vld1q_u8(b));  // 0xFF where non-zero
+  const uint16x8_t lo = vmovl_u8(vget_low_u8(seen)), hi = vmovl_u8(vget_high_u8(seen));
+  const uint32x4_t s[4] = {vtstq_u32(vmovl_u16(vget_low_u16(lo)), vmovl_u16(vget_low_u16(lo))),
+                           vtstq_u32(vmovl_u16(vget_high_u16(lo)), vmovl_u16(vget_high_u16(lo))),
+                           vtstq_u32(vmovl_u16(vget_low_u16(hi)), vmovl_u16(vget_low_u16(hi))),
+                           vtstq_u32(vmovl_u16(vget_high_u16(hi)), vmovl_u16(vget_high_u16(hi)))};
+  F r;
+  for (int i = 0; i < 4; ++i) r.v[i] = vbslq_f32(s[i], x.v[i], vdupq_n_f32(masked));
+  return r;
+}
+inline F nibbles_from(uint8x16_t v) {
+  const uint16x8_t lo = vmovl_u8(vget_low_u8(v)), hi = vmovl_u8(vget_high_u8(v));
+  return {{vcvtq_f32_u32(vmovl_u16(vget_low_u16(lo))), vcvtq_f32_u32(vmovl_u16(vget_high_u16(lo))),
+           vcvtq_f32_u32(vmovl_u16(vget_low_u16(hi))), vcvtq_f32_u32(vmovl_u16(vget_high_u16(hi)))}};
+}
+inline F nibbles_low(const uint8_t* q) { return nibbles_from(vandq_u8(vld1q_u8(q), vdupq_n_u8(0x0F))); }
+inline F nibbles_high(const uint8_t* q) { return nibbles_from(vshrq_n_u8(vld1q_u8(q), 4)); }
+inline float32x4_t exp4(float32x4_t x) {
+  const float32x4_t t = vmulq_f32(vmaxq_f32(vdupq_n_f32(-87.f), x), vdupq_n_f32(1.4426950408889634f));
+  const float32x4_t whole = vrndmq_f32(t);
+  const float32x4_t f = vsubq_f32(t, whole);
+  float32x4_t p = vdupq_n_f32(kExpC[0]);
+  for (int i = 1; i < 7; ++i) p = vfmaq_f32(vdupq_n_f32(kExpC[i]), p, f);
+  const int32x4_t bits = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(whole), vdupq_n_s32(127)), 23);
+  const float32x4_t r = vmulq_f32(p, vreinterpretq_f32_s32(bits));
+  return vbslq_f32(vcltq_f32(x, vdupq_n_f32(-87.f)), vdupq_n_f32(0.f), r);
+}
+inline F exp_nonpositive(F x) {
+  F r;
+  for (int i = 0; i < 4; ++i) r.v[i] = exp4(x.v[i]);
+  return r;
+}
+inline F reduce16(const F* v) {
+  float s[16];
+  for (int i = 0; i < 16; ++i) s[i] = reduce_add(v[i]);
+  return load(s);
+}
+inline void transpose16(const float* src, int64_t lds, float* dst, int64_t ldd) {
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 16; ++j) dst[j * ldd + i] = src[i * lds + j];
+}
+inline void prefetch(const void* p) { __builtin_prefetch(p); }
+inline I izero() { return {{vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0)}}; }
+inline I iload(const int32_t* p) { return {{vld1q_s32(p), vld1q_s32(p + 4), vld1q_s32(p + 8), vld1q_s32(p + 12)}}; }
+inline F to_float(I v) {
+  F r;
+  for (int i = 0; i < 4; ++i) r.v[i] = vcvtq_f32_s32(v.v[i]);
+  return r;
+}
+inline B unpack_nibbles(const uint8_t* q) {
+  const uint8x16_t a = vld1q_u8(q), b = vld1q_u8(q + 16), low = vdupq_n_u8(0x0F);
+  return {{vreinterpretq_s8_u8(vandq_u8(a, low)), vreinterpretq_s8_u8(vandq_u8(b, low)), vreinterpretq_s8_u8(vshrq_n_u8(a, 4)),
+           vreinterpretq_s8_u8(vshrq_n_u8(b, 4))}};
+}
+inline B unpack_nibbles16(const uint8_t* q) {
+  const uint8x16_t a = vld1q_u8(q), low = vdupq_n_u8(0x0F);
+  return {{vreinterpretq_s8_u8(vandq_u8(a, low)), vdupq_n_s8(0), vreinterpretq_s8_u8(vshrq_n_u8(a, 4)), vdupq_n_s8(0)}};
+}
+inline int32x4_t dot4_4(int32x4_t acc, int8x16_t w, int8x16_t x) {
+#if defined(__ARM_FEATURE_DOTPROD)
+  return vdotq_s32(acc, w, x);
+#else
+  const int32x4_t a = vpaddlq_s16(vmull_s8(vget_low_s8(w), vget_low_s8(x)));
+  const int32x4_t b = vpaddlq_s16(vmull_s8(vget_high_s8(w), vget_high_s8(x)));
+  return vaddq_s32(acc, vpaddq_s32(a, b));
+#endif
+}
+inline I dot4(I acc, B w, const int8_t* x) {
+  I r;
+  for (int i = 0; i < 4; ++i) r.v[i] = dot4_4(acc.v[i], w.v[i], vld1q_s8(x + 16 * i));
+  return r;
+}
+
+#else
+// ================================================================ portable C++ (any CPU; the compiler vectorizes what it can)
+constexpr const char* kLevel = "portable";
+constexpr int kRegisters = 8;
+struct F {
+  float v[16];
+};
+struct I {
+  int32_t v[16];
+};
+struct B {
+  uint8_t v[64];
+};
+
+#define ETSDK_LANES for (int l = 0; l < 16; ++l)
+inline F zero() { return F{}; }
+inline F set1(float s) {
+  F r;
+  ETSDK_LANES r.v[l] = s;
+  return r;
+}
+inline F load(const float* p) {
+  F r;
+  std::memcpy(r.v, p, sizeof r.v);
+  return r;
+}
+template <typename T>
+inline F load(const T* p) {
+  F r;
+  ETSDK_LANES r.v[l] = widen(p[l]);
+  return r;
+}
+inline F load_half(const uint16_t* p) {
+  F r;
+  ETSDK_LANES r.v[l] = half_to_float(p[l]);
+  return r;
+}
+template <typename T>
+inline F load_first(const T* p, int64_t n) {
+  F r{};
+  for (int64_t l = 0; l < n && l < 16; ++l) r.v[l] = widen(p[l]);
+  return r;
+}
+inline F load_half_first(const uint16_t* p, int64_t n) {
+  F r{};
+  for (int64_t l = 0; l < n && l < 16; ++l) r.v[l] = half_to_float(p[l]);
+  return r;
+}
+inline void store(float* p, F v) { std::memcpy(p, v.v, sizeof v.v); }
+inline void store_first(float* p, F v, int64_t n) {
+  for (int64_t l = 0; l < n && l < 16; ++l) p[l] = v.v[l];
+}
+#define ETSDK_MAP2(expr) \
+  F r;                   \
+  ETSDK_LANES r.v[l] = expr; \
+  return r;
+inline F add(F a, F b) { ETSDK_MAP2(a.v[l] + b.v[l]) }
+inline F sub(F a, F b) { ETSDK_MAP2(a.v[l] - b.v[l]) }
+inline F mul(F a, F b) { ETSDK_MAP2(a.v[l] * b.v[l]) }
+inline F max(F a, F b) { ETSDK_MAP2(a.v[l] > b.v[l] ? a.v[l] : b.v[l]) }
+inline F fma(F a, F b, F c) { ETSDK_MAP2(a.v[l] * b.v[l] + c.v[l]) }
+#undef ETSDK_MAP2
+inline float reduce_add(F v) {
+  float s = 0.f;
+  ETSDK_LANES s += v.v[l];
+  return s;
+}
+inline float reduce_max(F v) {
+  float s = v.v[0];
+  ETSDK_LANES s = v.v[l] > s ? v.v[l] : s;
+  return s;
+}
+inline F blocks2(float s0, float s1) {
+  F r;
+  ETSDK_LANES r.v[l] = (l / 4) % 2 ? s1 : s0;
+  return r;
+}
+inline F visible_or(const bool* m, int64_t n, F x, float masked) {
+  F r;
+  ETSDK_LANES r.v[l] = (l < n && m[l]) ? x.v[l] : masked;
+  return r;
+}
+inline F nibbles_low(const uint8_t* q) {
+  F r;
+  ETSDK_LANES r.v[l] = (float)(q[l] & 0x0F);
+  return r;
+}
+inline F nibbles_high(const uint8_t* q) {
+  F r;
+  ETSDK_LANES r.v[l] = (float)(q[l] >> 4);
+  return r;
+}
+inline F exp_nonpositive(F x) {
+  F r;
+  ETSDK_LANES r.v[l] = etsdk_kernels::exp_nonpositive(x.v[l]);
+  return r;
+}
+inline F reduce16(const F* v) {
+  F r;
+  ETSDK_LANES r.v[l] = reduce_add(v[l]);
+  return r;
+}
+inline void transpose16(const float* src, int64_t lds, float* dst, int64_t ldd) {
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 16; ++j) dst[j * ldd + i] = src[i * lds + j];
+}
+inline void prefetch(const void*) {}
+inline I izero() { return I{}; }
+inline I iload(const int32_t* p) {
+  I r;
+  std::memcpy(r.v, p, sizeof r.v);
+  return r;
+}
+inline F to_float(I v) {
+  F r;
+  ETSDK_LANES r.v[l] = (float)v.v[l];
+  return r;
+}
+inline B unpack_nibbles(const uint8_t* q) {
+  B r;
+  for (int i = 0; i < 32; ++i) {
+    r.v[i] = q[i] & 0x0F;
+    r.v[32 + i] = q[i] >> 4;
+  }
+  return r;
+}
+inline B unpack_nibbles16(const uint8_t* q) {
+  B r{};
+  for (int i = 0; i < 16; ++i) {
+    r.v[i] = q[i] & 0x0F;
+    r.v[32 + i] = q[i] >> 4;
+  }
+  return r;
+}
+inline I dot4(I acc, B w, const int8_t* x) {
+  ETSDK_LANES acc.v[l] += w.v[4 * l] * x[4 * l] + w.v[4 * l + 1] * x[4 * l + 1] + w.v[4 * l + 2] * x[4 * l + 2] + w.v[4 * l + 3] * x[4 * l + 3];
+  return acc;
+}
+#undef ETSDK_LANES
+#endif
+
+}  // namespace vec
+}  // namespace etsdk_kernels
