@@ -12,17 +12,19 @@
 // qmm() computes it in float32 (the format's reference: dequantize, then linear). qmm_a8() is the same product for
 // the ``:a8`` formats: 4-bit weights (scales and minimums float32 or float16, read as stored), x rounded to int8 per
 // block of 32 (d = max|x| / 127, q = round-half-even(x * (1 / d)), the same integers on every level). It multiplies
-// integers on every level, decode and prefill alike, unsigned weight bytes times signed x bytes four to an int32
-// lane: AVX-512 VNNI vpdpbusd (one 64-column chunk per instruction), AVX-512 / AVX2 vpmaddubsw + vpmaddwd (llama.cpp's
-// Q4 x Q8 products), AVX-VNNI vpdpbusd, NEON sdot (vmull_s8 without dotprod). Each block's sum is exact in int32;
-// d times the weight's scale is applied once per block (per lane): no 4-bit value is widened to float.
+// integers on every level, decode and prefill alike: unsigned weight bytes times signed x bytes, four to an int32
+// lane (vec::dot4: AVX-512 VNNI and AVX-VNNI vpdpbusd; AVX-512 and AVX2 vpmaddubsw + vpmaddwd, as llama.cpp's Q4 x Q8
+// products; NEON sdot, vmull_s8 without dotprod), 128 columns a step whose lanes each sum one block's products
+// exactly; d times the weight's scale is applied once per lane and step: no 4-bit value is widened to float.
 //
 // Every packed byte is read once per call. Small M (decode) takes a dot-product path straight from the packed
 // bytes; larger M (prefill) dequantizes NR weight rows at a time into a float tile and runs an MR x NR register-
 // blocked micro-kernel over all rows of x (the :a8 prefill multiplies kA8Rows weight rows by MB rows of x per step,
 // integers still), so each weight is decoded once per call whatever M is. The blocking follows the level's register
-// count (vec::kRegisters: 32 F registers at AVX-512, 8 at AVX2, NEON and portable). Work is split over output rows
-// with OpenMP, 16 rows a task (torch's own runtime in the process, so the team size torch is given applies here too).
+// count (vec::kRegisters: 32 F at AVX-512, 8 at AVX2, NEON and portable). Work is split over output rows, 16 a task,
+// with OpenMP (torch's own runtime in the process, so the team size torch is given applies here too). The per-level
+// code is a few small functions side by side (unpack_step, step_dot, spread, block_scales, first_halves,
+// round_block, half); everything else is one driver in vec.h's operations.
 //
 // Called through the level table (table.h) by entry.cpp's aoti_torch_cpu_etsdk_qmm / _qmm_a8 / _qmm_a8_fused,
 // which checked every operand; nothing here fails.
@@ -579,8 +581,8 @@ inline v::F step_product(const StepWeights& wv, v::F sl, const int8_t* xq, const
 // Sixteen values of a plane, and the first n < 16 (zeros after them).
 inline v::F sixteen(const float* s) { return v::load(s); }
 inline v::F sixteen(const uint16_t* s) { return v::load_half(s); }
-inline v::F first(const float* s, int64_t n) { return v::load_first(s, n); }
-inline v::F first(const uint16_t* s, int64_t n) { return first_halves(s, n); }
+inline v::F first_n(const float* s, int64_t n) { return v::load_first(s, n); }
+inline v::F first_n(const uint16_t* s, int64_t n) { return first_halves(s, n); }
 
 // Row r's product once its steps are summed in acc: the minimums' share (sum over groups of m_g times the sum
 // of the rounded x over the group), the horizontal sum, the bias.
@@ -593,7 +595,7 @@ inline float a8_row_tail(const Weights& w, const S* mins, const QuantizedX& xq, 
     for (; g + 16 <= w.groups; g += 16) acc = v::fma(sixteen(mn + g), v::load(gsum + g), acc);
     if (g < w.groups) {  // the rest: the row's last sixteen again (the groups counted already weigh 0), or fewer
       acc = w.groups >= 16 ? v::fma(sixteen(mn + w.groups - 16), xq.gsum_last.v, acc)
-                           : v::fma(first(mn, w.groups), v::load(gsum), acc);
+                           : v::fma(first_n(mn, w.groups), v::load(gsum), acc);
     }
   }
   return v::reduce_add(acc) + (w.bias ? w.bias[r] : 0.0f);

@@ -150,11 +150,6 @@ inline F max(F a, F b) { return _mm512_max_ps(a, b); }
 inline F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
 inline float reduce_add(F v) { return _mm512_reduce_add_ps(v); }
 inline float reduce_max(F v) { return _mm512_reduce_max_ps(v); }
-// lanes [s0 x4, s1 x4, s0 x4, s1 x4]: a chunk's weight scale per dot4 lane (two groups of 32 per chunk)
-inline F blocks2(float s0, float s1) {
-  const __m512i pattern = _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
-  return _mm512_permutexvar_ps(pattern, _mm512_castps128_ps512(_mm_set_ps(0.f, 0.f, s1, s0)));
-}
 // x where the first n mask bytes are true, `masked` elsewhere (lanes past n too)
 inline F visible_or(const bool* m, int64_t n, F x, float masked) {
   const __mmask16 in = first_lanes(n);
@@ -221,16 +216,10 @@ inline void transpose16(const float* src, int64_t lds, float* dst, int64_t ldd) 
 inline void prefetch(const void* p) { _mm_prefetch((const char*)p, _MM_HINT_T0); }
 // integers
 inline I izero() { return _mm512_setzero_si512(); }
-inline I iload(const int32_t* p) { return _mm512_loadu_si512(p); }
 inline F to_float(I v) { return _mm512_cvtepi32_ps(v); }
 // 32 packed bytes (two 4-bit values each) as 64 bytes: the 32 low nibbles, then the 32 high ones
 inline B unpack_nibbles(const uint8_t* q) {
   const __m256i low = _mm256_set1_epi8(0x0F), v = _mm256_loadu_si256((const __m256i*)q);
-  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, low)), _mm256_and_si256(_mm256_srli_epi16(v, 4), low), 1);
-}
-// the same from 16 packed bytes (a last chunk of one block): the other 16 of each half are zero
-inline B unpack_nibbles16(const uint8_t* q) {
-  const __m256i low = _mm256_set1_epi8(0x0F), v = _mm256_maskz_loadu_epi8(0xFFFF, q);
   return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, low)), _mm256_and_si256(_mm256_srli_epi16(v, 4), low), 1);
 }
 // acc + per lane l the sum of w[4l + i] * x[4l + i], i < 4 (w unsigned 0..15, x signed -127..127: exact)
@@ -324,10 +313,6 @@ inline float reduce_max(F v) {
   const __m128 t = _mm_max_ps(s, _mm_movehl_ps(s, s));
   return _mm_cvtss_f32(_mm_max_ss(t, _mm_movehdup_ps(t)));
 }
-inline F blocks2(float s0, float s1) {
-  const __m256 both = _mm256_setr_ps(s0, s0, s0, s0, s1, s1, s1, s1);
-  return {both, both};
-}
 inline F visible_or(const bool* m, int64_t n, F x, float masked) {
   alignas(16) uint8_t b[16] = {0};
   std::memcpy(b, m, (size_t)(n < 0 ? 0 : n > 16 ? 16 : n));
@@ -376,16 +361,10 @@ inline void transpose16(const float* src, int64_t lds, float* dst, int64_t ldd) 
 }
 inline void prefetch(const void* p) { _mm_prefetch((const char*)p, _MM_HINT_T0); }
 inline I izero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
-inline I iload(const int32_t* p) { return {_mm256_loadu_si256((const __m256i*)p), _mm256_loadu_si256((const __m256i*)(p + 8))}; }
 inline F to_float(I v) { return {_mm256_cvtepi32_ps(v.lo), _mm256_cvtepi32_ps(v.hi)}; }
 inline B unpack_nibbles(const uint8_t* q) {
   const __m256i low = _mm256_set1_epi8(0x0F), v = _mm256_loadu_si256((const __m256i*)q);
   return {_mm256_and_si256(v, low), _mm256_and_si256(_mm256_srli_epi16(v, 4), low)};
-}
-inline B unpack_nibbles16(const uint8_t* q) {
-  const __m256i low = _mm256_set1_epi8(0x0F), v = _mm256_castsi128_si256(_mm_loadu_si128((const __m128i*)q));
-  const __m256i v16 = _mm256_inserti128_si256(v, _mm_setzero_si128(), 1);
-  return {_mm256_and_si256(v16, low), _mm256_and_si256(_mm256_srli_epi16(v16, 4), low)};
 }
 inline __m256i dot4_8(__m256i acc, __m256i w, __m256i x) {
 #if defined(__AVXVNNI__)
@@ -481,7 +460,6 @@ inline F fma(F a, F b, F c) {
 }
 inline float reduce_add(F v) { return vaddvq_f32(vaddq_f32(vaddq_f32(v.v[0], v.v[1]), vaddq_f32(v.v[2], v.v[3]))); }
 inline float reduce_max(F v) { return vmaxvq_f32(vmaxq_f32(vmaxq_f32(v.v[0], v.v[1]), vmaxq_f32(v.v[2], v.v[3]))); }
-inline F blocks2(float s0, float s1) { return {{vdupq_n_f32(s0), vdupq_n_f32(s1), vdupq_n_f32(s0), vdupq_n_f32(s1)}}; }
 inline F visible_or(const bool* m, int64_t n, F x, float masked) {
   uint8_t b[16] = {0};
   std::memcpy(b, m, (size_t)(n < 0 ? 0 : n > 16 ? 16 : n));
@@ -528,7 +506,6 @@ inline void transpose16(const float* src, int64_t lds, float* dst, int64_t ldd) 
 }
 inline void prefetch(const void* p) { __builtin_prefetch(p); }
 inline I izero() { return {{vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0)}}; }
-inline I iload(const int32_t* p) { return {{vld1q_s32(p), vld1q_s32(p + 4), vld1q_s32(p + 8), vld1q_s32(p + 12)}}; }
 inline F to_float(I v) {
   F r;
   for (int i = 0; i < 4; ++i) r.v[i] = vcvtq_f32_s32(v.v[i]);
@@ -538,10 +515,6 @@ inline B unpack_nibbles(const uint8_t* q) {
   const uint8x16_t a = vld1q_u8(q), b = vld1q_u8(q + 16), low = vdupq_n_u8(0x0F);
   return {{vreinterpretq_s8_u8(vandq_u8(a, low)), vreinterpretq_s8_u8(vandq_u8(b, low)), vreinterpretq_s8_u8(vshrq_n_u8(a, 4)),
            vreinterpretq_s8_u8(vshrq_n_u8(b, 4))}};
-}
-inline B unpack_nibbles16(const uint8_t* q) {
-  const uint8x16_t a = vld1q_u8(q), low = vdupq_n_u8(0x0F);
-  return {{vreinterpretq_s8_u8(vandq_u8(a, low)), vdupq_n_s8(0), vreinterpretq_s8_u8(vshrq_n_u8(a, 4)), vdupq_n_s8(0)}};
 }
 inline int32x4_t dot4_4(int32x4_t acc, int8x16_t w, int8x16_t x) {
 #if defined(__ARM_FEATURE_DOTPROD)
@@ -630,11 +603,6 @@ inline float reduce_max(F v) {
   ETSDK_LANES s = v.v[l] > s ? v.v[l] : s;
   return s;
 }
-inline F blocks2(float s0, float s1) {
-  F r;
-  ETSDK_LANES r.v[l] = (l / 4) % 2 ? s1 : s0;
-  return r;
-}
 inline F visible_or(const bool* m, int64_t n, F x, float masked) {
   F r;
   ETSDK_LANES r.v[l] = (l < n && m[l]) ? x.v[l] : masked;
@@ -666,11 +634,6 @@ inline void transpose16(const float* src, int64_t lds, float* dst, int64_t ldd) 
 }
 inline void prefetch(const void*) {}
 inline I izero() { return I{}; }
-inline I iload(const int32_t* p) {
-  I r;
-  std::memcpy(r.v, p, sizeof r.v);
-  return r;
-}
 inline F to_float(I v) {
   F r;
   ETSDK_LANES r.v[l] = (float)v.v[l];
@@ -679,14 +642,6 @@ inline F to_float(I v) {
 inline B unpack_nibbles(const uint8_t* q) {
   B r;
   for (int i = 0; i < 32; ++i) {
-    r.v[i] = q[i] & 0x0F;
-    r.v[32 + i] = q[i] >> 4;
-  }
-  return r;
-}
-inline B unpack_nibbles16(const uint8_t* q) {
-  B r{};
-  for (int i = 0; i < 16; ++i) {
     r.v[i] = q[i] & 0x0F;
     r.v[32 + i] = q[i] >> 4;
   }
