@@ -1,4 +1,4 @@
-"""A tiny Llama-style decoder from a transformers config, for tests and benchmarks.
+"""A tiny Llama-style decoder from a transformers config, for tests and benchmarks; the kernels at each level.
 
 Random weights, grouped-query attention, transformers' own static-cache export
 wrapper (``TorchExportableModuleWithStaticCache``), whose buffers become the
@@ -6,10 +6,14 @@ program's caller-owned state: per layer a key cache, a value cache and the
 cumulative-length counter the wrapper writes from ``cache_position`` before
 every step. The state is described by the test contract ``test_llama_kv`` v1
 (``data/test_llama_kv.json``), registered in-process by :func:`register_test_contract`.
+
+:func:`host_level_names` and :func:`run_at_level` run a test once per instruction-set level of etsdk-aoti's
+kernels (``@pytest.fixture(params=host_level_names())`` whose body is ``yield from run_at_level(request.param)``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -83,3 +87,31 @@ def llama_methods(model: Any, capacity: int, prefill_length: int, *, prefill_bac
     head_dim = config.hidden_size // config.num_attention_heads
     contract = spec.bind(T=prefill_length, S=capacity, H=config.num_key_value_heads, D=head_dim, V=config.vocab_size, L=layers)
     return {"prefill": source(prefill_length, prefill_backends), "decode": source(1, decode_backends)}, contract
+
+
+def host_level_names() -> list[str]:
+    """The kernel levels of this host's architecture, lowest first (those it cannot run included: they skip)."""
+    from etsdk.backend import host_cpu
+
+    from etsdk_aoti.kernels.levels import LEVELS
+
+    return [lv.name for lv in LEVELS if lv.machine == host_cpu().machine] or ["portable"]
+
+
+def run_at_level(name: str) -> Iterator[str]:
+    """The body of a pytest fixture: the kernels run at level ``name`` while the test runs (the test is skipped,
+    naming what this host lacks, where it cannot run it), and at the process's own level after."""
+    import pytest
+    from etsdk import BackendUnavailableError
+
+    from etsdk_aoti import kernels
+    from etsdk_aoti.kernels.levels import requested_level
+
+    try:
+        kernels.use_level(name)
+    except BackendUnavailableError as exc:
+        pytest.skip(str(exc))
+    try:
+        yield name
+    finally:
+        kernels.use_level(requested_level().name)

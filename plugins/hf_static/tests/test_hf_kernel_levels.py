@@ -22,6 +22,7 @@ from etsdk import BackendUnavailableError, QuantizationPlan
 from etsdk.backend import host_cpu
 from etsdk_aoti import kernels
 from etsdk_aoti.kernels.levels import LEVELS, requested_level
+from etsdk_aoti.testing import host_level_names, run_at_level
 from etsdk_hf_static.exporter import export
 from etsdk_hf_static.runner import HfStaticRunner
 from test_hf_int8_cache import eager_int8
@@ -50,16 +51,9 @@ def level_programs(models: dict[str, Any], tmp_path_factory: pytest.TempPathFact
     return made
 
 
-@pytest.fixture(params=[lv.name for lv in LEVELS if lv.machine == host_cpu().machine])
+@pytest.fixture(params=host_level_names())
 def level(request: pytest.FixtureRequest) -> Iterator[str]:
-    try:
-        kernels.use_level(request.param)
-    except BackendUnavailableError as exc:
-        pytest.skip(str(exc))
-    try:
-        yield request.param
-    finally:
-        kernels.use_level(requested_level().name)
+    yield from run_at_level(request.param)
 
 
 @pytest.mark.parametrize("name", list(PROGRAMS))
