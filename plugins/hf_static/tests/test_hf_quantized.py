@@ -253,4 +253,4 @@ def test_a_gguf_type_etsdk_does_not_keep_is_named_and_allow_requantize_dequantiz
     assert "--allow-requantize: dequantized to float32 6 x Q5_0" in again.stderr  # said even under --quiet
     formats = json.loads(_etsdk("inspect", "--json", str(tmp_path / "q5.pte")).stdout)
     found = {w[1] for d in formats["methods"]["decode"] for w in d.get("weights", [])}
-    assert found == {"q8_0", "q4_0", "int8"}  # the file's blocks kept; the Q5_0 layers requantized to int8
+    assert found == {"q8_0", "q4_0", "int8:g64"}  # the file's blocks kept; the Q5_0 layers requantized to int8 (int8:g64)
