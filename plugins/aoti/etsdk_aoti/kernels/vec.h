@@ -88,6 +88,9 @@ inline float widen(F16 v) {  // IEEE half: sign, 5-bit exponent (bias 15), 10-bi
 }
 inline float half_to_float(uint16_t bits) { return widen(F16{bits}); }
 
+// n clamped to [0, 16]: how many lanes a partial load or store (load_first, store_first, visible_or) touches
+inline size_t lanes16(int64_t n) { return static_cast<size_t>(n < 0 ? 0 : n > 16 ? 16 : n); }
+
 // exp(x) for x <= 0: 2^(x log2 e) split into an integer power of two, built in the exponent bits, and a
 // degree-6 polynomial for 2^f, f in [0, 1) (a minimax fit: relative error 1.1e-7, as expf's). Below -87 (under
 // float's normal range) it is 0, so a masked score (-inf) weighs 0. NaN stays NaN. Every level's exp_nonpositive
@@ -138,7 +141,7 @@ inline F load_half_first(const uint16_t* p, int64_t n) { return _mm512_cvtph_ps(
 template <typename T>
 inline F load_first(const T* p, int64_t n) {
   T b[16] = {};
-  std::memcpy(b, p, sizeof(T) * (size_t)(n < 0 ? 0 : n > 16 ? 16 : n));
+  std::memcpy(b, p, sizeof(T) * lanes16(n));
   return load(b);
 }
 inline void store(float* p, F v) { _mm512_storeu_ps(p, v); }
@@ -273,19 +276,19 @@ inline F load_first(const float* p, int64_t n) {
 }
 inline F load_first(const int8_t* p, int64_t n) {
   alignas(16) int8_t b[16] = {0};
-  std::memcpy(b, p, (size_t)(n < 0 ? 0 : n > 16 ? 16 : n));
+  std::memcpy(b, p, lanes16(n));
   return load(b);
 }
 inline F load_half_first(const uint16_t* p, int64_t n) {
   alignas(32) uint16_t b[16] = {0};
-  std::memcpy(b, p, sizeof(uint16_t) * (size_t)(n < 0 ? 0 : n > 16 ? 16 : n));
+  std::memcpy(b, p, sizeof(uint16_t) * lanes16(n));
   return load_half(b);
 }
 // any other element type (bfloat16, float16 weights): through a zeroed buffer of sixteen
 template <typename T>
 inline F load_first(const T* p, int64_t n) {
   T b[16] = {};
-  std::memcpy(b, p, sizeof(T) * (size_t)(n < 0 ? 0 : n > 16 ? 16 : n));
+  std::memcpy(b, p, sizeof(T) * lanes16(n));
   return load(b);
 }
 inline void store(float* p, F v) {
@@ -315,7 +318,7 @@ inline float reduce_max(F v) {
 }
 inline F visible_or(const bool* m, int64_t n, F x, float masked) {
   alignas(16) uint8_t b[16] = {0};
-  std::memcpy(b, m, (size_t)(n < 0 ? 0 : n > 16 ? 16 : n));
+  std::memcpy(b, m, lanes16(n));
   const __m128i bytes = _mm_load_si128((const __m128i*)b);
   // each lane all-ones where its byte is non-zero
   const __m256i lo = _mm256_cvtepi8_epi32(_mm_cmpgt_epi8(_mm_min_epu8(bytes, _mm_set1_epi8(1)), _mm_setzero_si128()));
@@ -416,24 +419,24 @@ inline F load_half(const uint16_t* p) {
 inline F load(const F16* p) { return load_half(&p[0].bits); }
 inline F load_first(const float* p, int64_t n) {
   float b[16] = {0};
-  std::memcpy(b, p, sizeof(float) * (size_t)(n < 0 ? 0 : n > 16 ? 16 : n));
+  std::memcpy(b, p, sizeof(float) * lanes16(n));
   return load(b);
 }
 inline F load_first(const int8_t* p, int64_t n) {
   int8_t b[16] = {0};
-  std::memcpy(b, p, (size_t)(n < 0 ? 0 : n > 16 ? 16 : n));
+  std::memcpy(b, p, lanes16(n));
   return load(b);
 }
 inline F load_half_first(const uint16_t* p, int64_t n) {
   uint16_t b[16] = {0};
-  std::memcpy(b, p, sizeof(uint16_t) * (size_t)(n < 0 ? 0 : n > 16 ? 16 : n));
+  std::memcpy(b, p, sizeof(uint16_t) * lanes16(n));
   return load_half(b);
 }
 // any other element type (bfloat16, float16 weights): through a zeroed buffer of sixteen
 template <typename T>
 inline F load_first(const T* p, int64_t n) {
   T b[16] = {};
-  std::memcpy(b, p, sizeof(T) * (size_t)(n < 0 ? 0 : n > 16 ? 16 : n));
+  std::memcpy(b, p, sizeof(T) * lanes16(n));
   return load(b);
 }
 inline void store(float* p, F v) {
@@ -442,7 +445,7 @@ inline void store(float* p, F v) {
 inline void store_first(float* p, F v, int64_t n) {
   float b[16];
   store(b, v);
-  std::memcpy(p, b, sizeof(float) * (size_t)(n < 0 ? 0 : n > 16 ? 16 : n));
+  std::memcpy(p, b, sizeof(float) * lanes16(n));
 }
 #define ETSDK_NEON_MAP2(op)                                    \
   F r;                                                         \
@@ -462,7 +465,7 @@ inline float reduce_add(F v) { return vaddvq_f32(vaddq_f32(vaddq_f32(v.v[0], v.v
 inline float reduce_max(F v) { return vmaxvq_f32(vmaxq_f32(vmaxq_f32(v.v[0], v.v[1]), vmaxq_f32(v.v[2], v.v[3]))); }
 inline F visible_or(const bool* m, int64_t n, F x, float masked) {
   uint8_t b[16] = {0};
-  std::memcpy(b, m, (size_t)(n < 0 ? 0 : n > 16 ? 16 : n));
+  std::memcpy(b, m, lanes16(n));
   const uint8x16_t seen = vtstq_u8(vld1q_u8(b), vld1q_u8(b));  // 0xFF where non-zero
   const uint16x8_t lo = vmovl_u8(vget_low_u8(seen)), hi = vmovl_u8(vget_high_u8(seen));
   const uint32x4_t s[4] = {vtstq_u32(vmovl_u16(vget_low_u16(lo)), vmovl_u16(vget_low_u16(lo))),
