@@ -13,7 +13,7 @@
 // the ``:a8`` formats: 4-bit weights (scales and minimums float32 or float16, read as stored), x rounded to int8 per
 // block of 32 (d = max|x| / 127, q = round-half-even(x * (1 / d)), the same integers on every level). It multiplies
 // integers on every level, decode and prefill alike: unsigned weight bytes times signed x bytes, four to an int32
-// lane (vec::dot4: AVX-512 VNNI and AVX-VNNI vpdpbusd; AVX-512 and AVX2 vpmaddubsw + vpmaddwd, as llama.cpp's Q4 x Q8
+// lane (vec::dot4_pair: AVX-512 VNNI and AVX-VNNI vpdpbusd; AVX-512 and AVX2 vpmaddubsw + vpmaddwd, as llama.cpp's Q4 x Q8
 // products; NEON sdot, vmull_s8 without dotprod), 128 columns a step whose lanes each sum one block's products
 // exactly; d times the weight's scale is applied once per lane and step: no 4-bit value is widened to float.
 //
@@ -68,7 +68,7 @@ constexpr int MB = kRegisters >= 8 ? 4 : 2;
 
 // The :a8 products go a step of 128 columns (four blocks of 32) at a time. The step's 64 packed bytes unpack to their
 // 64 low nibbles (the even columns of the four blocks, in order), then their 64 high ones (the odd columns), and x is
-// laid out the same way (QuantizedX: the step's 64 even columns, then its 64 odd ones). vec::dot4 sums four products
+// laid out the same way (QuantizedX: the step's 64 even columns, then its 64 odd ones). vec::dot4_pair sums four products
 // per int32 lane, and the four-byte groups of one lane fall in one block for both halves, so one accumulation of the
 // even and odd products gives 16 lanes [b0 x4, b1 x4, b2 x4, b3 x4]: a block's sums stay exact integers until one
 // conversion, one scale and one accumulation per step serve 128 columns.
@@ -100,24 +100,8 @@ inline StepWeights unpack_step(const uint8_t* q) {
 #endif
 }
 
-// acc + per lane the products of a step's weights w and its 128 bytes of rounded x (even columns, then odd): vec::dot4
-// of both halves into one accumulator, where the level's products are pairs of int16 (vpmaddubsw) the two halves'
-// pairs added before they widen (each at most 2 x 15 x 127, so the sum fits) and one vpmaddwd for both.
-inline v::I step_dot(v::I acc, const StepWeights& w, const int8_t* x) {
-#if defined(ETSDK_VEC_AVX512) && !defined(__AVX512VNNI__)
-  const __m512i pairs = _mm512_add_epi16(_mm512_maddubs_epi16(w.even, _mm512_loadu_si512(x)),
-                                         _mm512_maddubs_epi16(w.odd, _mm512_loadu_si512(x + 64)));
-  return _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
-#elif defined(ETSDK_VEC_AVX2) && !defined(__AVXVNNI__)
-  const auto at = [x](int i) { return _mm256_loadu_si256((const __m256i*)(x + 32 * i)); };
-  const __m256i ones = _mm256_set1_epi16(1);
-  const __m256i lo = _mm256_add_epi16(_mm256_maddubs_epi16(w.even.lo, at(0)), _mm256_maddubs_epi16(w.odd.lo, at(2)));
-  const __m256i hi = _mm256_add_epi16(_mm256_maddubs_epi16(w.even.hi, at(1)), _mm256_maddubs_epi16(w.odd.hi, at(3)));
-  return {_mm256_add_epi32(acc.lo, _mm256_madd_epi16(lo, ones)), _mm256_add_epi32(acc.hi, _mm256_madd_epi16(hi, ones))};
-#else
-  return v::dot4(v::dot4(acc, w.even, x), w.odd, x + 64);  // vpdpbusd (AVX-512 VNNI, AVX-VNNI), sdot, loops
-#endif
-}
+// acc + per lane the products of a step's weights w and its 128 bytes of rounded x (even columns, then odd)
+inline v::I step_dot(v::I acc, const StepWeights& w, const int8_t* x) { return v::dot4_pair(acc, w.even, w.odd, x); }
 
 // Per lane the value of its block: b[0 .. 4), one per block of the step.
 inline v::F spread(const float* b) {

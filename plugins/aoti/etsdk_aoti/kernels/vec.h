@@ -8,7 +8,7 @@
 //
 // Which section compiles follows the compiler's target macros, so one source builds at every level:
 //
-//   level         flags (kernels/__init__.py: LEVELS)         F is             integer products (dot4)
+//   level         flags (kernels/__init__.py: LEVELS)         F is             integer products (dot4_pair)
 //   avx512vnni    -march=x86-64-v4 -mavx512vnni               __m512           vpdpbusd, 64 bytes a step
 //   avx512        -march=x86-64-v4                            __m512           vpmaddubsw + vpmaddwd
 //   avx2vnni      -march=x86-64-v3 -mavxvnni                  2 x __m256       vpdpbusd (VEX), 2 x 32 bytes
@@ -225,13 +225,17 @@ inline B unpack_nibbles(const uint8_t* q) {
   const __m256i low = _mm256_set1_epi8(0x0F), v = _mm256_loadu_si256((const __m256i*)q);
   return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, low)), _mm256_and_si256(_mm256_srli_epi16(v, 4), low), 1);
 }
-// acc + per lane l the sum of w[4l + i] * x[4l + i], i < 4 (w unsigned 0..15, x signed -127..127: exact)
-inline I dot4(I acc, B w, const int8_t* x) {
-  const __m512i xv = _mm512_loadu_si512(x);
+// acc + per lane l the sums of even[4l + i] * x[4l + i] and odd[4l + i] * x[64 + 4l + i], i < 4: a step of 128
+// columns (weights unsigned 0..15, x signed -127..127: exact). Where the products are int16 pairs (vpmaddubsw) the
+// two halves' pairs are added before they widen (each at most 2 x 15 x 127, so their sum fits) and one vpmaddwd
+// serves both.
+inline I dot4_pair(I acc, B even, B odd, const int8_t* x) {
+  const __m512i x0 = _mm512_loadu_si512(x), x1 = _mm512_loadu_si512(x + 64);
 #if defined(__AVX512VNNI__)
-  return _mm512_dpbusd_epi32(acc, w, xv);
+  return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc, even, x0), odd, x1);
 #else
-  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(w, xv), _mm512_set1_epi16(1)));
+  const __m512i pairs = _mm512_add_epi16(_mm512_maddubs_epi16(even, x0), _mm512_maddubs_epi16(odd, x1));
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
 #endif
 }
 
@@ -369,15 +373,21 @@ inline B unpack_nibbles(const uint8_t* q) {
   const __m256i low = _mm256_set1_epi8(0x0F), v = _mm256_loadu_si256((const __m256i*)q);
   return {_mm256_and_si256(v, low), _mm256_and_si256(_mm256_srli_epi16(v, 4), low)};
 }
-inline __m256i dot4_8(__m256i acc, __m256i w, __m256i x) {
+// acc + per lane l the sums of even[4l + i] * x[4l + i] and odd[4l + i] * x[64 + 4l + i], i < 4: a step of 128
+// columns (weights unsigned 0..15, x signed -127..127: exact). Where the products are int16 pairs (vpmaddubsw) the
+// two halves' pairs are added before they widen (each at most 2 x 15 x 127, so their sum fits) and one vpmaddwd
+// serves both.
+inline __m256i dot4_pair8(__m256i acc, __m256i even, __m256i odd, const int8_t* x0, const int8_t* x1) {
+  const __m256i a = _mm256_loadu_si256((const __m256i*)x0), b = _mm256_loadu_si256((const __m256i*)x1);
 #if defined(__AVXVNNI__)
-  return _mm256_dpbusd_avx_epi32(acc, w, x);
+  return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(acc, even, a), odd, b);
 #else
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
+  const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(even, a), _mm256_maddubs_epi16(odd, b));
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
 #endif
 }
-inline I dot4(I acc, B w, const int8_t* x) {
-  return {dot4_8(acc.lo, w.lo, _mm256_loadu_si256((const __m256i*)x)), dot4_8(acc.hi, w.hi, _mm256_loadu_si256((const __m256i*)(x + 32)))};
+inline I dot4_pair(I acc, B even, B odd, const int8_t* x) {
+  return {dot4_pair8(acc.lo, even.lo, odd.lo, x, x + 64), dot4_pair8(acc.hi, even.hi, odd.hi, x + 32, x + 96)};
 }
 
 #elif defined(ETSDK_VEC_NEON)
@@ -528,9 +538,13 @@ inline int32x4_t dot4_4(int32x4_t acc, int8x16_t w, int8x16_t x) {
   return vaddq_s32(acc, vpaddq_s32(a, b));
 #endif
 }
-inline I dot4(I acc, B w, const int8_t* x) {
+// acc + per lane l the sums of even[4l + i] * x[4l + i] and odd[4l + i] * x[64 + 4l + i], i < 4: a step of 128
+// columns (weights unsigned 0..15, x signed -127..127: exact). Where the products are int16 pairs (vpmaddubsw) the
+// two halves' pairs are added before they widen (each at most 2 x 15 x 127, so their sum fits) and one vpmaddwd
+// serves both.
+inline I dot4_pair(I acc, B even, B odd, const int8_t* x) {
   I r;
-  for (int i = 0; i < 4; ++i) r.v[i] = dot4_4(acc.v[i], w.v[i], vld1q_s8(x + 16 * i));
+  for (int i = 0; i < 4; ++i) r.v[i] = dot4_4(dot4_4(acc.v[i], even.v[i], vld1q_s8(x + 16 * i)), odd.v[i], vld1q_s8(x + 64 + 16 * i));
   return r;
 }
 
@@ -650,8 +664,12 @@ inline B unpack_nibbles(const uint8_t* q) {
   }
   return r;
 }
-inline I dot4(I acc, B w, const int8_t* x) {
-  ETSDK_LANES acc.v[l] += w.v[4 * l] * x[4 * l] + w.v[4 * l + 1] * x[4 * l + 1] + w.v[4 * l + 2] * x[4 * l + 2] + w.v[4 * l + 3] * x[4 * l + 3];
+// acc + per lane l the sums of even[4l + i] * x[4l + i] and odd[4l + i] * x[64 + 4l + i], i < 4: a step of 128
+// columns (weights unsigned 0..15, x signed -127..127: exact). Where the products are int16 pairs (vpmaddubsw) the
+// two halves' pairs are added before they widen (each at most 2 x 15 x 127, so their sum fits) and one vpmaddwd
+// serves both.
+inline I dot4_pair(I acc, B even, B odd, const int8_t* x) {
+  ETSDK_LANES for (int i = 0; i < 4; ++i) acc.v[l] += even.v[4 * l + i] * x[4 * l + i] + odd.v[4 * l + i] * x[64 + 4 * l + i];
   return acc;
 }
 #undef ETSDK_LANES
