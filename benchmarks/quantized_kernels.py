@@ -107,8 +107,13 @@ def main() -> None:
         levels = [lv.name for lv in runnable_levels()]
     else:
         levels = [name.strip() for name in args.levels.split(",") if name.strip()]
+        from etsdk import BackendUnavailableError
+
         for name in levels:
-            kernels.use_level(name)  # refuses a level this host cannot run, before any timing
+            try:
+                kernels.use_level(name)  # refuses a level this host cannot run, before any timing
+            except BackendUnavailableError as exc:
+                parser.error(f"--levels: {exc}")
     if args.threads:
         torch.set_num_threads(args.threads)
     shapes = {"small": (64, 128)} if args.smoke else SHAPES
