@@ -4,7 +4,7 @@ Each round starts two fresh processes, interleaved (order reversed every other r
 
 * ``etsdk``: ``python -m etsdk generate PTE --chat --prompt P --max-new-tokens 1 --json`` with ``ETSDK_TIMING=1``;
   the command prints one ``etsdk-timing:`` line per start-up stage on stderr (wall clock, see
-  ``etsdk_hf_static/startup.py``): ``start``, ``program``, ``tokenizer``, ``methods``, ``prompt``, ``first_token``.
+  ``etsdk_hf_static.runtime.startup.py``): ``start``, ``program``, ``tokenizer``, ``methods``, ``prompt``, ``first_token``.
 * ``eager``: a Python process that imports torch and transformers, loads the same model directory with
   ``AutoModelForCausalLM.from_pretrained`` and its tokenizer, applies the chat template and runs one forward
   pass for the first token (stages ``imports``, ``model``, ``tokenizer``, ``prompt``, ``first_token``).
@@ -98,8 +98,8 @@ def _prepare(args: argparse.Namespace, work: Path) -> tuple[Path, Path]:
             raise SystemExit("--pte needs --model (the directory it was exported from: the eager peer loads it)")
         return Path(args.pte), Path(args.model)
     import torch
-    from etsdk_hf_static.exporter import export
-    from etsdk_hf_static.tiny import char_tokenizer, tiny_model
+    from etsdk_hf_static.exporting.exporter import export
+    from etsdk_hf_static.exporting.tiny import char_tokenizer, tiny_model
 
     model_dir, pte = work / "model", work / "model.pte"
     stamp = json.dumps({k: getattr(args, k) for k in ("shape", "hidden", "layers", "prefill", "context")})

@@ -86,10 +86,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from etsdk_hf_static.exporter import export
-from etsdk_hf_static.module import StaticCausalLM, causal_mask
-from etsdk_hf_static.runner import HfStaticRunner, Step
-from etsdk_hf_static.tiny import tiny_model
+from etsdk_hf_static.exporting.exporter import export
+from etsdk_hf_static.exporting.module import StaticCausalLM
+from etsdk_hf_static.exporting.tiny import tiny_model
+from etsdk_hf_static.masks import causal_mask
+from etsdk_hf_static.runtime.runner import HfStaticRunner, Step
 
 SHAPES = ("default", "smollm2-135m")
 PATHS = ("etsdk", "etsdk_float", "eager", "xnnpack", "llama_cpp")  # every path's keys are in the JSON, null if not run
@@ -297,6 +298,11 @@ def main() -> None:
     parser.add_argument("--weights-dtype", choices=("float32", "bfloat16", "float16"), default="float32",
                         help="the etsdk program's weight dtype (16-bit: widened to float32 where used)")
     parser.add_argument("--llama-cpp", action="store_true", help="add llama.cpp on a GGUF file of the same weights")
+    parser.add_argument(
+        "--cpu-target", default=None, metavar="NAME",
+        help="compile the etsdk programs' AOTInductor code for this CPU target (x86-64-v3: AVX2, with ETSDK_AOTI_ISA=avx2 "
+        "the whole program runs at the AVX2 level); default: this host",
+    )
     parser.add_argument("--workdir", default=None, help="keep the exported programs here and reuse them for the same "
                         "--model/--shape/sizes (a 135M-parameter AOTI export takes minutes; delete the directory "
                         "after changing the code)")
@@ -345,14 +351,15 @@ def main() -> None:
         tmp.mkdir(parents=True, exist_ok=True)
         pte = tmp / "model.pte"
         # a workdir's programs are reused only for the same model and sizes (else they are exported again)
-        stamp = json.dumps({k: getattr(args, k) for k in ("model", "shape", "hidden", "layers", "vocab", "prefill", "context", "quantize", "gguf", "weights_dtype")})
+        stamp = json.dumps({k: getattr(args, k) for k in ("model", "shape", "hidden", "layers", "vocab", "prefill", "context", "quantize", "gguf", "weights_dtype", "cpu_target")})
         reuse = bool(args.workdir) and (tmp / "programs.json").is_file() and (tmp / "programs.json").read_text() == stamp
         if not reuse:
             for stale in ("model.pte", "float.pte", "xnnpack.pte", "model.gguf"):
                 (tmp / stale).unlink(missing_ok=True)
         gguf_path = tmp / "model.gguf"
+        aoti_options = {"EtsdkAotiBackend": {"device": "cpu", **({"cpu_target": args.cpu_target} if args.cpu_target else {})}}
         if args.gguf or args.llama_cpp:
-            from etsdk_hf_static.tiny import write_llama_gguf
+            from etsdk_hf_static.exporting.tiny import write_llama_gguf
 
             if not (reuse and gguf_path.is_file()):
                 types = _gguf_types(args.quantize, args.gguf)
@@ -365,14 +372,14 @@ def main() -> None:
             source: Any = str(gguf_path) if args.gguf else copy.deepcopy(model) if plan is not None else model  # quantized in place
             source = narrowed if narrow else source
             export(source, pte, backend="aoti", prefill_length=T, context_length=S, quantization=None if args.gguf else plan,
-                   partitioner_options={"EtsdkAotiBackend": {"device": "cpu"}}, quiet=True)
+                   partitioner_options=aoti_options, quiet=True)
         runner = HfStaticRunner.from_file(pte)
         float_runner = None
         if plan is not None or narrow:
             float_pte = tmp / "float.pte"
             if not (reuse and float_pte.is_file()):
                 export(model, float_pte, backend="aoti", prefill_length=T, context_length=S,
-                       partitioner_options={"EtsdkAotiBackend": {"device": "cpu"}}, quiet=True)
+                       partitioner_options=aoti_options, quiet=True)
             float_runner = HfStaticRunner.from_file(float_pte)
         eager_model = narrowed if narrow else _torchao(model, args.quantize or (args.gguf and "int4"), dynamic=False)
         eager = StaticCausalLM(eager_model, S).eval()

@@ -161,7 +161,7 @@ _SAFETENSORS_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
 
 
 def _model(args: argparse.Namespace) -> Any:
-    from etsdk_hf_static.tiny import tiny_model
+    from etsdk_hf_static.exporting.tiny import tiny_model
 
     return tiny_model("llama", hidden=args.hidden, layers=args.layers, vocab=args.vocab, heads=16, kv_heads=2, positions=512)
 
@@ -212,7 +212,7 @@ def _program_bytes(paths: list[Path]) -> int:
 def measure(args: argparse.Namespace, source: Any, checkpoint_bytes: int | None, output: Path) -> dict[str, Any]:
     """Export ``source`` (a model object or a checkpoint directory) to ``output`` in this process; the figures."""
     from etsdk import QuantizationPlan
-    from etsdk_hf_static.exporter import export
+    from etsdk_hf_static.exporting.exporter import export
 
     stages: dict[str, int] = {}
     seconds: dict[str, float] = {}
@@ -269,7 +269,7 @@ def _last_json(result: subprocess.CompletedProcess[str], what: str) -> Any:
 def _generate(program: Path, tokens: int) -> tuple[list[int], float]:
     code = (
         "import json, sys, time\n"
-        "from etsdk_hf_static.runner import HfStaticRunner\n"
+        "from etsdk_hf_static.runtime.runner import HfStaticRunner\n"
         "runner = HfStaticRunner.from_file(sys.argv[1])\n"
         "start = time.perf_counter()\n"
         "vocab = runner.metadata.vocab_size\n"

@@ -37,8 +37,8 @@ CHILD = (
 
 
 def _export(path: Path, smoke: bool) -> None:
-    from etsdk_hf_static.exporter import export
-    from etsdk_hf_static.tiny import tiny_model
+    from etsdk_hf_static.exporting.exporter import export
+    from etsdk_hf_static.exporting.tiny import tiny_model
 
     model = tiny_model("llama", hidden=64 if smoke else 512, layers=1 if smoke else 8, vocab=256 if smoke else 8192, heads=8, kv_heads=2)
     export(model, path, backend="aoti", prefill_length=8, context_length=64,

@@ -43,9 +43,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from etsdk_hf_static.exporter import export
-from etsdk_hf_static.runner import HfStaticRunner
-from etsdk_hf_static.tiny import tiny_model
+from etsdk_hf_static.exporting.exporter import export
+from etsdk_hf_static.exporting.tiny import tiny_model
+from etsdk_hf_static.runtime.runner import HfStaticRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hf_static_decode import smollm2_135m_shape  # noqa: E402
@@ -96,7 +96,7 @@ class _LlamaCpp:
 
     def __init__(self, model: Any, workdir: Path, S: int, T: int) -> None:
         import numpy as np
-        from etsdk_hf_static.tiny import write_llama_gguf
+        from etsdk_hf_static.exporting.tiny import write_llama_gguf
         from llama_cpp import Llama
 
         path = workdir / "model-f32.gguf"

@@ -84,7 +84,7 @@ def _float_reference(gguf_model: Any) -> Any:
 def _program_logits(path: Path, ids: list[int], T: int, S: int) -> torch.Tensor:
     """Teacher-forced logits of ``ids`` through the program's prefill (chunks of T rows; the last one padded)."""
     import etsdk
-    from etsdk_hf_static.module import causal_mask
+    from etsdk_hf_static.masks import causal_mask
 
     program = etsdk.load(path)
     session = program.new_session()
@@ -118,14 +118,14 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="a tiny random-weight GGUF, 32 positions")
     args = parser.parse_args()
     from etsdk import QuantizationPlan, WeightFormat, quantize_model
-    from etsdk_hf_static.exporter import export
-    from etsdk_hf_static.gguf_import import load_gguf
+    from etsdk_hf_static.exporting.exporter import export
+    from etsdk_hf_static.exporting.gguf_import import load_gguf
 
     formats = args.quantize or ["int8", "int4"]
     with tempfile.TemporaryDirectory() as scratch:
         work = Path(scratch)
         if args.smoke:
-            from etsdk_hf_static.tiny import save_tiny_gguf
+            from etsdk_hf_static.exporting.tiny import save_tiny_gguf
 
             path, _ = save_tiny_gguf(work / "tiny.gguf")
             args.positions, args.prefill = 32, 8

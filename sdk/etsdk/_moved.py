@@ -9,7 +9,7 @@ to use instead. Only the names in :data:`MOVED` are served; nothing else in the
 import system is touched.
 
 A few modules left the core for a plugin (``etsdk.chat``, the terminal chat, is
-``etsdk_hf_static.chat`` now). They are named here as strings: the core never
+``etsdk_hf_static.apps.chat`` now). They are named here as strings: the core never
 imports a plugin statically, and without the plugin installed the old path
 fails with an ImportError saying which distribution to install.
 """
@@ -53,7 +53,7 @@ MOVED: dict[str, tuple[str, str]] = {
     "etsdk.bridge.build": ("etsdk._runtime.bridge.build", "etsdk.backend"),
     "etsdk.quiet": ("etsdk._apps.quiet", "etsdk"),
     "etsdk.generation": ("etsdk._apps.generation", "etsdk"),
-    "etsdk.chat": ("etsdk_hf_static.chat", "etsdk_hf_static.chat"),
+    "etsdk.chat": ("etsdk_hf_static.apps.chat", "etsdk_hf_static.apps.chat"),
     "etsdk.demo": ("etsdk.cli.demo", "etsdk.cli"),
     "etsdk.backends": ("etsdk._moved", "etsdk.reference_backend"),
     "etsdk.backends.reference": ("etsdk.reference_backend", "etsdk.reference_backend"),

@@ -287,7 +287,7 @@ def test_command_line_misuse_is_one_line_errors(artifacts: dict[str, dict[str, A
     a_file.write_text("x")
     damaged_model = tmp_path / "damaged-model"
     try:
-        from etsdk_hf_static.tiny import save_tiny_model
+        from etsdk_hf_static.exporting.tiny import save_tiny_model
     except ImportError:
         damaged_model = None
     else:

@@ -16,7 +16,7 @@ def test_llm_main_job(tmp_path: Path) -> None:
     """``python3 dev.py demo`` runs this: embedded tiny LLM, etsdk export through AOTI, etsdk generate, checked."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ETSDK_") or k == "ETSDK_CACHE_DIR"}
     result = subprocess.run(
-        [sys.executable, "-m", "etsdk_hf_static.demo", "--out-dir", str(tmp_path)], capture_output=True, text=True, env=env
+        [sys.executable, "-m", "etsdk_hf_static.apps.demo", "--out-dir", str(tmp_path)], capture_output=True, text=True, env=env
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "matches transformers' eager generate" in result.stdout

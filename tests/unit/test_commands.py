@@ -210,13 +210,13 @@ def test_the_old_chat_module_path_forwards_to_the_plugin(site: PluginSite) -> No
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             import etsdk.chat
-        import etsdk_hf_static.chat
-        print("SAME", etsdk.chat is etsdk_hf_static.chat)
+        import etsdk_hf_static.apps.chat
+        print("SAME", etsdk.chat is etsdk_hf_static.apps.chat)
         print("WARNED", [str(w.message) for w in caught if w.category is DeprecationWarning])
         """
     )
     assert "SAME True" in result.stdout, result.stderr
-    assert "etsdk.chat moved; import its public names from etsdk_hf_static.chat" in result.stdout
+    assert "etsdk.chat moved; import its public names from etsdk_hf_static.apps.chat" in result.stdout
     missing = site.run_python(
         """
         import sys
@@ -234,7 +234,7 @@ def test_the_old_chat_module_path_forwards_to_the_plugin(site: PluginSite) -> No
             print("IMPORTERROR", exc)
         """
     )
-    assert "IMPORTERROR etsdk.chat moved to etsdk_hf_static.chat" in missing.stdout, missing.stderr
+    assert "IMPORTERROR etsdk.chat moved to etsdk_hf_static.apps.chat" in missing.stdout, missing.stderr
     assert "pip install etsdk-hf-static" in missing.stdout
 
 

@@ -2,6 +2,8 @@
 
 ``export(model_or_dir, "model.pte", backend="aoti")`` writes a program;
 ``HfStaticRunner.from_file("model.pte").generate(ids, max_new_tokens=16)`` runs it.
+Layers: :mod:`~etsdk_hf_static.exporting` (model to program), :mod:`~etsdk_hf_static.runtime` (conversations, their
+step-by-step generation, sampling), :mod:`~etsdk_hf_static.apps` (the commands: export, generate, chat, serve).
 Heavy modules load on first use.
 """
 
@@ -10,19 +12,32 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from etsdk_hf_static.exporter import export
+    from etsdk_hf_static.exporting.exporter import export
     from etsdk_hf_static.metadata import HfStaticMetadata, MetadataError
-    from etsdk_hf_static.runner import Conversation, HfStaticRunner, ProgramMismatchError
+    from etsdk_hf_static.runtime.conversation import Generation
+    from etsdk_hf_static.runtime.model import LoadedModel
+    from etsdk_hf_static.runtime.runner import Conversation, HfStaticRunner, ProgramMismatchError
 
-__all__ = ["Conversation", "HfStaticMetadata", "HfStaticRunner", "MetadataError", "ProgramMismatchError", "export"]
+__all__ = [
+    "Conversation",
+    "Generation",
+    "HfStaticMetadata",
+    "HfStaticRunner",
+    "LoadedModel",
+    "MetadataError",
+    "ProgramMismatchError",
+    "export",
+]
 
 _LAZY = {
-    "export": "etsdk_hf_static.exporter",
+    "export": "etsdk_hf_static.exporting.exporter",
     "HfStaticMetadata": "etsdk_hf_static.metadata",
     "MetadataError": "etsdk_hf_static.metadata",
-    "Conversation": "etsdk_hf_static.runner",
-    "HfStaticRunner": "etsdk_hf_static.runner",
-    "ProgramMismatchError": "etsdk_hf_static.runner",
+    "Conversation": "etsdk_hf_static.runtime.runner",
+    "Generation": "etsdk_hf_static.runtime.conversation",
+    "LoadedModel": "etsdk_hf_static.runtime.model",
+    "HfStaticRunner": "etsdk_hf_static.runtime.runner",
+    "ProgramMismatchError": "etsdk_hf_static.runtime.runner",
 }
 
 

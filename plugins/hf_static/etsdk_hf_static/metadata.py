@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from etsdk import Contract, ContractError, ExportError
@@ -38,6 +39,7 @@ __all__ = [
     "MetadataError",
     "read_metadata",
     "ring_rows",
+    "tokenizer_dir",
 ]
 
 CONTRACT_NAME = "hf_static"
@@ -272,3 +274,9 @@ def ring_rows(window: int, prefill_length: int, context_length: int) -> int:
     """R, the rows of a ring cache: W + T - 1 (a prefill chunk's first query still finds its W - 1 predecessors
     after the chunk's T rows are written), at most S."""
     return min(context_length, window + prefill_length - 1)
+
+
+def tokenizer_dir(program_path: str | Path) -> Path:
+    """Where export saves the model's tokenizer beside ``model.pte``: ``model.tokenizer/`` (the runtime loads it)."""
+    path = Path(program_path)
+    return path.with_name(path.stem + ".tokenizer")

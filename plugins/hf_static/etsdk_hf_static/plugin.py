@@ -3,7 +3,7 @@
 The ``hf_static`` contracts (v1, v2 with sliding-window layers, v3 with int8 caches) are data shipped with the
 core (``contracts/hf_static/<version>.json``); this plugin provides their runner and their
 exporter, and the command-line application over them: ``etsdk export``,
-``etsdk generate`` and ``etsdk chat`` (:mod:`etsdk_hf_static.commands`).
+``etsdk generate`` and ``etsdk chat`` (:mod:`etsdk_hf_static.apps.commands`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
     from etsdk import ExportRequest, Program
 
-    from etsdk_hf_static.runner import HfStaticRunner
+    from etsdk_hf_static.runtime.runner import HfStaticRunner
 
 from etsdk_hf_static.metadata import SUPPORTED_VERSIONS  # noqa: E402  (imports only etsdk's contract types)
 
@@ -25,13 +25,13 @@ ETSDK_PLUGIN_API = ">=2,<3"
 
 
 def _runner(program: Program, **options: Any) -> HfStaticRunner:
-    from etsdk_hf_static.runner import HfStaticRunner
+    from etsdk_hf_static.runtime.runner import HfStaticRunner
 
     return HfStaticRunner.from_program(program, **options)
 
 
 def _exporter(request: ExportRequest) -> list[Path]:
-    from etsdk_hf_static.exporter import export_request
+    from etsdk_hf_static.exporting.exporter import export_request
 
     return export_request(request)
 
@@ -51,6 +51,6 @@ def etsdk_register_runners() -> list[RunnerSpec]:
 
 @hookimpl
 def etsdk_register_commands() -> list[CommandSpec]:
-    from etsdk_hf_static.commands import COMMANDS
+    from etsdk_hf_static.apps.commands import COMMANDS
 
     return list(COMMANDS)

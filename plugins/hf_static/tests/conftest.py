@@ -11,9 +11,9 @@ import torch
 
 pytest.importorskip("transformers")
 
-from etsdk_hf_static.exporter import export  # noqa: E402
-from etsdk_hf_static.runner import HfStaticRunner  # noqa: E402
-from etsdk_hf_static.tiny import VOCAB, save_tiny_model, tiny_model  # noqa: E402
+from etsdk_hf_static.exporting.exporter import export  # noqa: E402
+from etsdk_hf_static.exporting.tiny import VOCAB, save_tiny_model, tiny_model  # noqa: E402
+from etsdk_hf_static.runtime.runner import HfStaticRunner  # noqa: E402
 
 #: context length S, prefill length T, tokens generated per comparison. S is not a multiple of T, so a
 #: prompt of S-1-NEW tokens ends in a tail whose padded prefill would run past the context (decode path).

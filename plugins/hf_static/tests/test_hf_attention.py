@@ -16,11 +16,11 @@ import pytest
 from conftest import MARGIN, hf_generate, prompt_of
 from etsdk import ExportError
 from etsdk.backend import attention_rows_read
-from etsdk_hf_static.attention import wanted
-from etsdk_hf_static.exporter import export
-from etsdk_hf_static.planning import plan_prompt
-from etsdk_hf_static.runner import HfStaticRunner
-from etsdk_hf_static.tiny import tiny_model
+from etsdk_hf_static.exporting.attention import wanted
+from etsdk_hf_static.exporting.exporter import export
+from etsdk_hf_static.exporting.tiny import tiny_model
+from etsdk_hf_static.runtime.planning import plan_prompt
+from etsdk_hf_static.runtime.runner import HfStaticRunner
 
 LONG_S, T, PROMPT, NEW = 2048, 8, 10, 6
 

@@ -43,7 +43,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("capped") / "bf16"
     code = (
         "import sys, torch\n"
-        "from etsdk_hf_static.tiny import tiny_model\n"
+        "from etsdk_hf_static.exporting.tiny import tiny_model\n"
         "model = tiny_model('llama', hidden=2048, layers=8, vocab=32000, heads=16, kv_heads=2, positions=128)\n"
         "model.to(torch.bfloat16).save_pretrained(sys.argv[1])\n"
     )
@@ -98,7 +98,7 @@ def test_a_checkpoint_larger_than_the_memory_limit_exports_and_generates(
         assert "converted to float32" in result.stderr
         assert (tmp_path / "model.pte").stat().st_size > 1.9 * size
 
-    from etsdk_hf_static.runner import HfStaticRunner
+    from etsdk_hf_static.runtime.runner import HfStaticRunner
 
     got = HfStaticRunner.from_file(tmp_path / "model.pte").generate(PROMPT, max_new_tokens=4, stop_at_eos=False).token_ids
     assert list(got) == reference_tokens

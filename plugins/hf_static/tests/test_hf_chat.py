@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from conftest import MARGIN, hf_generate
 from etsdk import GenerationError, StateError
-from etsdk_hf_static.chat import ChatSession, run_chat
-from etsdk_hf_static.exporter import tokenizer_dir
-from etsdk_hf_static.runner import HfStaticRunner
+from etsdk_hf_static.apps.chat import ChatSession, run_chat
+from etsdk_hf_static.metadata import tokenizer_dir
+from etsdk_hf_static.runtime.runner import HfStaticRunner
 
 NEW_CHAT = 4
 EOS = 2
@@ -165,6 +165,6 @@ def test_chat_refuses_a_malformed_chat_record_and_a_tokenizer_without_template(
     with pytest.raises(StateError, match="chat record"):
         chat.load(path)
     bare = HfStaticRunner.from_file(chat_pte)
-    bare._tokenizer.chat_template = None
+    bare.tokenizer.chat_template = None
     with pytest.raises(GenerationError, match="no chat template"):
         ChatSession(bare).say("Hi")

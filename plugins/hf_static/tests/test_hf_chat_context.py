@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 from conftest import CHAT_S, MODEL_POSITIONS
 from etsdk import GenerationError, Snapshot
-from etsdk_hf_static.chat import HELP, ChatSession, run_chat
-from etsdk_hf_static.commands import configure_export
-from etsdk_hf_static.exporter import DEFAULT_CONTEXT_LENGTH, DEFAULT_PREFILL_LENGTH, default_sizes
-from etsdk_hf_static.fitting import context_fixes, does_not_fit, rows_needed
-from etsdk_hf_static.runner import HfStaticRunner
+from etsdk_hf_static.apps.chat import HELP, ChatSession, run_chat
+from etsdk_hf_static.apps.commands import configure_export
+from etsdk_hf_static.exporting.exporter import DEFAULT_CONTEXT_LENGTH, DEFAULT_PREFILL_LENGTH, default_sizes
+from etsdk_hf_static.runtime.fitting import context_fixes, does_not_fit, rows_needed
+from etsdk_hf_static.runtime.runner import HfStaticRunner
 
 # --------------------------------------------------------------------------- export defaults
 

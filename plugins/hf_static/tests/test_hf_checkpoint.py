@@ -14,8 +14,8 @@ from pathlib import Path
 import etsdk
 import pytest
 import torch
-from etsdk_hf_static.exporter import _cast_weights, _load_model
-from etsdk_hf_static.tiny import save_tiny_model
+from etsdk_hf_static.exporting.exporter import _cast_weights, _load_model
+from etsdk_hf_static.exporting.tiny import save_tiny_model
 
 
 def _anonymous_bytes() -> int:

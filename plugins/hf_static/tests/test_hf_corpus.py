@@ -16,9 +16,9 @@ import pytest
 import torch
 from conftest import S, T
 from etsdk import Contract, ContractError, GenerationError, MethodInfo, Sampling, TensorInfo
+from etsdk_hf_static.exporting.tiny import VOCAB
 from etsdk_hf_static.metadata import MetadataError
-from etsdk_hf_static.runner import HfStaticRunner, ProgramMismatchError, check_program
-from etsdk_hf_static.tiny import VOCAB
+from etsdk_hf_static.runtime.runner import HfStaticRunner, ProgramMismatchError, check_program
 
 V, L = VOCAB, 2
 

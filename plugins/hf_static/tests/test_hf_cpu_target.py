@@ -15,7 +15,7 @@ import pytest
 from conftest import S, T
 from etsdk import ExportError
 from etsdk.backend import cpu_target, host_cpu
-from etsdk_hf_static.exporter import cpu_summary, export
+from etsdk_hf_static.exporting.exporter import cpu_summary, export
 
 pytestmark = pytest.mark.skipif(host_cpu().machine != "x86_64", reason="the target exported here is an x86-64 level")
 

@@ -60,7 +60,7 @@ def test_text_goes_to_stdout_and_statistics_to_stderr(chat_pte: Path) -> None:
 
 
 def test_json_has_the_text(chat_pte: Path) -> None:
-    from etsdk_hf_static.exporter import tokenizer_dir
+    from etsdk_hf_static.metadata import tokenizer_dir
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir(chat_pte))
@@ -251,7 +251,7 @@ def test_an_error_after_the_echoed_prompt_starts_on_a_new_line(monkeypatch: pyte
 def test_the_demo_keeps_its_files_in_a_documented_place_and_says_what_next(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Without --out-dir the demo writes demo/ in etsdk's cache directory (never a temporary directory that goes
     away), and its last lines name the files, why the text is random and the commands to try."""
-    from etsdk_hf_static.demo import default_out_dir, ending
+    from etsdk_hf_static.apps.demo import default_out_dir, ending
 
     monkeypatch.setenv("ETSDK_CACHE_DIR", str(tmp_path / "cache"))
     assert default_out_dir() == tmp_path / "cache" / "demo"

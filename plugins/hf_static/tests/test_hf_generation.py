@@ -11,8 +11,8 @@ import pytest
 import torch
 from conftest import MARGIN, NEW, PROMPT_LENGTHS, S, T, hf_generate, prompt_of
 from etsdk import Sampling
-from etsdk_hf_static.module import causal_mask
-from etsdk_hf_static.runner import HfStaticRunner, Step, plan_prompt
+from etsdk_hf_static.masks import causal_mask
+from etsdk_hf_static.runtime.runner import HfStaticRunner, Step, plan_prompt
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
@@ -173,7 +173,7 @@ def test_decode_observes_what_prefill_wrote(exported: Callable[..., Path]) -> No
 
 @pytest.mark.parametrize(("start", "real", "rows"), [(0, 1, 1), (5, 1, 1), (0, T - 1, T), (3, T, T), (S - T, 2, T)])
 def test_in_place_inputs_match_the_mask_definition(start: int, real: int, rows: int) -> None:
-    from etsdk_hf_static.runner import _MethodInputs
+    from etsdk_hf_static.runtime.planning import MethodInputs as _MethodInputs
 
     inputs = _MethodInputs(rows, S)
     for _ in range(2):  # a second fill over the first must not leave anything behind
@@ -188,7 +188,7 @@ def test_in_place_inputs_match_the_mask_definition(start: int, real: int, rows: 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_non_finite_logits_are_an_error_not_a_token(sampling: Sampling, bad: float) -> None:
     from etsdk import GenerationError
-    from etsdk_hf_static.sampling import choose, generator_for
+    from etsdk_hf_static.runtime.sampling import choose, generator_for
 
     logits = torch.zeros(16)
     logits[3] = 1.0
@@ -212,11 +212,11 @@ def test_non_finite_logits_are_an_error_not_a_token(sampling: Sampling, bad: flo
 )
 def test_greedy_choice_is_torch_argmax(row: torch.Tensor) -> None:
     """Greedy picks with numpy on the calling thread (no OpenMP region per token); the token is torch.argmax's."""
-    from etsdk_hf_static.sampling import choose
+    from etsdk_hf_static.runtime.sampling import choose
 
     if bool(torch.isfinite(row).all()):
         assert choose(row, Sampling(), None) == int(torch.argmax(row))
     else:
-        from etsdk_hf_static.sampling import _argmax
+        from etsdk_hf_static.runtime.sampling import _argmax
 
         assert _argmax(row) == int(torch.argmax(row))

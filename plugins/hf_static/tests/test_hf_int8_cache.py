@@ -2,7 +2,7 @@
 
 Exported with ``kv_cache="int8"``, tiny Llama (full attention), Gemma 3 (ring caches interleaved with a full
 one) and Mistral (every layer a ring) generate exactly what the same model generates eagerly in PyTorch over
-the same int8 caches (:class:`~etsdk_hf_static.module.WindowedCausalLM`, the wrapper export traces, run as
+the same int8 caches (:class:`~etsdk_hf_static.exporting.module.WindowedCausalLM`, the wrapper export traces, run as
 plain PyTorch with the model's own attention over the dequantized rows): through etsdk-aoti's int8 attention
 kernel, through the reference backend, and with prefill on one and decode on the other. A saved int8
 conversation reloads and continues token for token; forks and rewinds of an int8 ring program equal fresh
@@ -18,11 +18,12 @@ from typing import Any
 import pytest
 import torch
 from conftest import S, T, prompt_of
-from etsdk_hf_static.exporter import export, metadata_for
+from etsdk_hf_static.exporting.exporter import export, metadata_for
+from etsdk_hf_static.exporting.module import WindowedCausalLM
+from etsdk_hf_static.exporting.tiny import tiny_model
+from etsdk_hf_static.masks import causal_mask, slot_mask
 from etsdk_hf_static.metadata import HfStaticMetadata, MetadataError, read_metadata
-from etsdk_hf_static.module import WindowedCausalLM, causal_mask, slot_mask
-from etsdk_hf_static.runner import HfStaticRunner
-from etsdk_hf_static.tiny import tiny_model
+from etsdk_hf_static.runtime.runner import HfStaticRunner
 
 WINDOW = 6
 NEW = 10
@@ -224,7 +225,7 @@ def test_etsdk_export_and_generate_drive_v2_and_v3_programs(
     architecture: str, flags: list[str], version: int, tmp_path: Path
 ) -> None:
     """The command line, as a user runs it: a sliding-window model (v2) and int8 caches (v3) export and generate."""
-    from etsdk_hf_static.tiny import save_tiny_model
+    from etsdk_hf_static.exporting.tiny import save_tiny_model
     from test_hf_generate_cli import _etsdk, _json
 
     directory = save_tiny_model(tmp_path / "model", architecture, seed=1, **({"window": WINDOW} if version == 2 else {}))

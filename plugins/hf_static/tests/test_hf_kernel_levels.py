@@ -23,8 +23,8 @@ from etsdk.backend import host_cpu
 from etsdk_aoti import kernels
 from etsdk_aoti.kernels.levels import LEVELS, requested_level
 from etsdk_aoti.testing import host_level_names, run_at_level
-from etsdk_hf_static.exporter import export
-from etsdk_hf_static.runner import HfStaticRunner
+from etsdk_hf_static.exporting.exporter import export
+from etsdk_hf_static.runtime.runner import HfStaticRunner
 from test_hf_int8_cache import eager_int8
 
 NEW = 5

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from conftest import T, assert_generates_like
 from etsdk import ExportError
-from etsdk_hf_static.exporter import export
-from etsdk_hf_static.runner import HfStaticRunner
-from etsdk_hf_static.tiny import save_tiny_model, tiny_model
+from etsdk_hf_static.exporting.exporter import export
+from etsdk_hf_static.exporting.tiny import save_tiny_model, tiny_model
+from etsdk_hf_static.runtime.runner import HfStaticRunner
 
 S = 40
 NEW = 6

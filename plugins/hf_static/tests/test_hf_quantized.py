@@ -21,8 +21,8 @@ import pytest
 import torch
 from conftest import MARGIN, T, hf_generate, prompt_of
 from etsdk import QuantizationPlan
-from etsdk_hf_static.exporter import export
-from etsdk_hf_static.runner import HfStaticRunner
+from etsdk_hf_static.exporting.exporter import export
+from etsdk_hf_static.runtime.runner import HfStaticRunner
 
 S = 48
 NEW = 6
@@ -77,7 +77,8 @@ def test_quantized_greedy_tokens_equal_the_same_quantization_run_eagerly(
 
 @pytest.mark.parametrize("plan", ["int8", "int4", "int4:a8"])
 def test_the_prefill_logits_stay_within_a_stated_tolerance_of_eager(plan: str, models: dict[str, Any], programs: Callable[..., Path]) -> None:
-    from etsdk_hf_static.module import StaticCausalLM, causal_mask
+    from etsdk_hf_static.exporting.module import StaticCausalLM
+    from etsdk_hf_static.masks import causal_mask
 
     eager = StaticCausalLM(_quantized(models, plan), S).eval()
     prompt = torch.tensor([prompt_of(T, seed=9)])
@@ -140,7 +141,7 @@ def test_the_short_names_mean_the_best_measured_formats(short: str, exact: str, 
 
 
 def test_a_short_name_takes_the_best_format_every_backend_of_the_export_computes() -> None:
-    from etsdk_hf_static.commands import resolve_format
+    from etsdk_hf_static.apps.commands import resolve_format
 
     assert resolve_format("int4", ["aoti"]) == "int4:g32:min:f16:a8"
     assert resolve_format("int4", ["aoti", "tensorrt"]) == "int4:g32:min:f16"  # TensorRT computes no :a8 format
@@ -168,7 +169,7 @@ def test_a_wrong_quantize_flag_is_one_line_before_or_without_an_export(model_dir
 @pytest.fixture(scope="module")
 def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     pytest.importorskip("gguf")
-    from etsdk_hf_static.tiny import save_tiny_gguf
+    from etsdk_hf_static.exporting.tiny import save_tiny_gguf
 
     return save_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
 
@@ -188,7 +189,7 @@ def test_a_gguf_file_exports_with_its_blocks_byte_for_byte(tiny_gguf: tuple[Path
 
     import gguf
     import numpy as np
-    from etsdk_hf_static.gguf_import import _llama_rows
+    from etsdk_hf_static.exporting.gguf_import import _llama_rows
 
     reader = gguf.GGUFReader(str(tiny_gguf[0]))
     report = etsdk.verify(gguf_program, methods=False)  # every entry's bytes hash to its key (content-addressed)
@@ -210,7 +211,7 @@ def test_a_gguf_file_exports_with_its_blocks_byte_for_byte(tiny_gguf: tuple[Path
 
 
 def test_a_gguf_program_generates_what_its_model_computes_eagerly(tiny_gguf: tuple[Path, Any], gguf_program: Path) -> None:
-    from etsdk_hf_static.gguf_import import load_gguf
+    from etsdk_hf_static.exporting.gguf_import import load_gguf
 
     eager = load_gguf(tiny_gguf[0], quiet=True)
     runner = HfStaticRunner.from_file(gguf_program)
@@ -226,7 +227,7 @@ def test_a_gguf_program_generates_what_its_model_computes_eagerly(tiny_gguf: tup
 
 def test_llama_cpp_row_order_is_undone_on_the_query_and_key_projections(tiny_gguf: tuple[Path, Any]) -> None:
     from etsdk.backend import dequantize, weight_planes
-    from etsdk_hf_static.gguf_import import load_gguf
+    from etsdk_hf_static.exporting.gguf_import import load_gguf
 
     path, float_model = tiny_gguf
     loaded = load_gguf(path, quiet=True).model
@@ -239,7 +240,7 @@ def test_llama_cpp_row_order_is_undone_on_the_query_and_key_projections(tiny_ggu
 
 def test_a_gguf_type_etsdk_does_not_keep_is_named_and_allow_requantize_dequantizes_it(tmp_path: Path) -> None:
     pytest.importorskip("gguf")
-    from etsdk_hf_static.tiny import save_tiny_gguf
+    from etsdk_hf_static.exporting.tiny import save_tiny_gguf
 
     path, _ = save_tiny_gguf(tmp_path / "q5.gguf", types={"ffn": "Q5_0"})
     result = _etsdk("export", "--model", str(path), "--backend", "reference", "-o", str(tmp_path / "q5.pte"))

@@ -11,7 +11,7 @@ import pytest
 import torch
 import transformers
 from etsdk import ExportError
-from etsdk_hf_static.exporter import export
+from etsdk_hf_static.exporting.exporter import export
 
 
 def _model(config: object) -> object:
@@ -50,8 +50,8 @@ def test_a_model_hf_static_cannot_hold_is_refused_naming_the_layer(config: objec
 def test_an_export_says_what_it_takes_and_a_full_disk_refuses_it_before_tracing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from etsdk_hf_static.exporter import model_size
-    from etsdk_hf_static.tiny import tiny_model
+    from etsdk_hf_static.exporting.exporter import model_size
+    from etsdk_hf_static.exporting.tiny import tiny_model
 
     model = tiny_model("llama", hidden=512, layers=1)  # 1 MiB weights: a model object's large weights are spooled
     count, size = model_size(model)
@@ -60,7 +60,7 @@ def test_an_export_says_what_it_takes_and_a_full_disk_refuses_it_before_tracing(
     real = shutil.disk_usage
     monkeypatch.setattr(shutil, "disk_usage", lambda path: real(path)._replace(free=size))  # less than 2x + 5 %
     traced: list[object] = []
-    monkeypatch.setattr("etsdk_hf_static.exporter.method_sources", lambda *a, **k: traced.append(a))
+    monkeypatch.setattr("etsdk_hf_static.exporting.exporter.method_sources", lambda *a, **k: traced.append(a))
     out = tmp_path / "model.pte"
     with pytest.raises(ExportError, match=r"not enough free space: the export needs about .*B for the program in "
                        rf"{tmp_path} and .*B for temporary copies of the weights in .*, and that file system has "

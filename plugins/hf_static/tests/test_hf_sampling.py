@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 import torch
 from etsdk import GenerationError, Sampling
-from etsdk_hf_static.conversation import Conversation
+from etsdk_hf_static.apps.streaming import TextStream, decode_rate
 from etsdk_hf_static.metadata import HfStaticMetadata
-from etsdk_hf_static.sampling import choose, generator_for, penalize
-from etsdk_hf_static.streaming import TextStream, cut_at_stop, decode_rate, find_stop, held_back
+from etsdk_hf_static.runtime.conversation import Conversation
+from etsdk_hf_static.runtime.sampling import choose, generator_for, penalize
+from etsdk_hf_static.runtime.stops import cut_at_stop, find_stop, held_back
 
 # --------------------------------------------------------------------------- etsdk.Sampling
 
@@ -198,8 +199,8 @@ class _Runner:
             context_length=64, prefill_length=4, vocab_size=len(CHARS), layers=1, kv_heads=1, head_dim=1, eos_ids=(EOS,)
         )
         self.program = _Program()
-        self._methods = {"prefill": _Method(), "decode": _Method()}
-        self._tokenizer = object() if tokenizer else None
+        self.methods = {"prefill": _Method(), "decode": _Method()}
+        self.tokenizer = object() if tokenizer else None
 
     def decode_text(self, ids: Sequence[int]) -> str:
         return "".join(CHARS[i] for i in ids)
@@ -316,7 +317,7 @@ def test_the_early_refusal_counts_and_words_without_torch() -> None:
     import sys
 
     code = (
-        "import sys; import etsdk_hf_static.commands, etsdk_hf_static.fitting as f; "
+        "import sys; import etsdk_hf_static.apps.commands, etsdk_hf_static.runtime.fitting as f; "
         "assert 'torch' not in sys.modules, 'torch imported'; "
         "print(f.does_not_fit(0, 20, 20, 31, f.context_fixes(0, 20, 20, 31)))"
     )

@@ -18,8 +18,8 @@ import pytest
 import torch
 from conftest import MARGIN, NEW, S, T, hf_generate, prompt_of
 from etsdk import GenerationError, StateError
-from etsdk_hf_static.conversation import Conversation
-from etsdk_hf_static.runner import HfStaticRunner, Step
+from etsdk_hf_static.runtime.conversation import Conversation
+from etsdk_hf_static.runtime.runner import HfStaticRunner, Step
 
 BACKENDS = {"aoti": ("aoti", "aoti"), "reference": ("reference", "reference")}
 
@@ -50,7 +50,7 @@ def _check_eager(models: dict[str, Any], prompt: list[int], got: tuple[int, ...]
 
 def _count_calls(runner: HfStaticRunner, monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     calls: Counter[str] = Counter()
-    for name, method in runner._methods.items():
+    for name, method in runner.methods.items():
         original = method.execute
 
         def counted(inputs: Any, *, session: Any = None, _name: str = name, _original: Any = original) -> Any:

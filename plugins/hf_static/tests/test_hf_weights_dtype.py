@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import torch
 from conftest import T, assert_generates_like
-from etsdk_hf_static.exporter import checkpoint_dtype, export
-from etsdk_hf_static.runner import HfStaticRunner
-from etsdk_hf_static.tiny import save_tiny_model
+from etsdk_hf_static.exporting.exporter import checkpoint_dtype, export
+from etsdk_hf_static.exporting.tiny import save_tiny_model
+from etsdk_hf_static.runtime.runner import HfStaticRunner
 
 S = 40
 NEW = 6
@@ -138,8 +138,8 @@ def test_a_wrong_weights_dtype_is_refused_before_loading(tmp_path: Path) -> None
 
 def test_a_model_object_is_cast_weight_by_weight_leaving_quantized_layers_and_ties() -> None:
     from etsdk import QuantizationPlan, quantize_model
-    from etsdk_hf_static.exporter import _cast_weights
-    from etsdk_hf_static.tiny import tiny_model
+    from etsdk_hf_static.exporting.exporter import _cast_weights
+    from etsdk_hf_static.exporting.tiny import tiny_model
 
     model = tiny_model("llama", seed=3)
     model.lm_head.weight = model.model.embed_tokens.weight  # tied, as SmolLM2's are

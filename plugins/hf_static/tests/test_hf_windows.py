@@ -16,11 +16,11 @@ import etsdk
 import pytest
 import torch
 from conftest import MARGIN, S, T, hf_generate, prompt_of
-from etsdk_hf_static.exporter import export
+from etsdk_hf_static.exporting.exporter import export
+from etsdk_hf_static.exporting.tiny import tiny_model
+from etsdk_hf_static.masks import causal_mask, slot_mask
 from etsdk_hf_static.metadata import MetadataError, read_metadata
-from etsdk_hf_static.module import causal_mask, slot_mask
-from etsdk_hf_static.runner import HfStaticRunner
-from etsdk_hf_static.tiny import tiny_model
+from etsdk_hf_static.runtime.runner import HfStaticRunner
 
 WINDOW = 6
 NEW = 10

@@ -6,7 +6,7 @@ context) a version-2 program, whose sliding-window layers keep ring caches of
 R = W + T - 1 rows (:mod:`etsdk_hf_static.metadata`). With ``kv_cache="int8"``
 either becomes a version-3 program: int8 caches with a scale per row and head.
 
-Both methods trace one :class:`~etsdk_hf_static.module.StaticCausalLM`, so they
+Both methods trace one :class:`~etsdk_hf_static.exporting.module.StaticCausalLM`, so they
 share its cache buffers, which become the program's caller-owned state (one
 storage per session, written by whichever backend runs the method). Each method
 may go to its own backend (prefill on one, decode on another).
@@ -34,7 +34,14 @@ from etsdk import (
     format_bytes,
 )
 
-from etsdk_hf_static.attention import filled_attention, lacking_filled_attention, wanted
+from etsdk_hf_static.exporting.attention import filled_attention, lacking_filled_attention, wanted
+from etsdk_hf_static.exporting.module import (
+    StaticCausalLM,
+    WindowedCausalLM,
+    layer_kinds,
+    state_fqns,
+)
+from etsdk_hf_static.masks import causal_mask, slot_mask
 from etsdk_hf_static.metadata import (
     CONTRACT_NAME,
     METADATA_FORMAT_V2,
@@ -42,10 +49,10 @@ from etsdk_hf_static.metadata import (
     HfStaticMetadata,
     check_cache_dtype,
     ring_rows,
+    tokenizer_dir,
 )
-from etsdk_hf_static.module import StaticCausalLM, WindowedCausalLM, causal_mask, layer_kinds, slot_mask, state_fqns
 
-__all__ = ["DEFAULT_CONTEXT_LENGTH", "DEFAULT_PREFILL_LENGTH", "default_sizes", "export", "export_request", "tokenizer_dir"]
+__all__ = ["DEFAULT_CONTEXT_LENGTH", "DEFAULT_PREFILL_LENGTH", "default_sizes", "export", "export_request"]
 
 #: T when none is given (or S, when S is smaller): a chat message with its template (20 to 60 tokens) is one
 #: prefill call, a first message with a system prompt one or two; a short message pads at most 63 rows, and a
@@ -64,12 +71,6 @@ WEIGHTS_DTYPES = ("auto", "float32", "bfloat16", "float16")
 AOTI_CPU_FEATURE = "aoti.cpu_target.v1"
 #: What to export with for a fleet of machines, per architecture (``etsdk.backend.cpu_target_names``).
 _FLEET_TARGETS = {"x86_64": "x86-64-v3 (AVX2) or x86-64-v4 (AVX-512)", "aarch64": "armv8-a or armv8.2-a+dotprod"}
-
-
-def tokenizer_dir(program_path: str | Path) -> Path:
-    """Where export saves the model's tokenizer beside ``model.pte``: ``model.tokenizer/``."""
-    path = Path(program_path)
-    return path.with_name(path.stem + ".tokenizer")
 
 
 def checkpoint_dtype(directory: Path) -> str:
@@ -96,14 +97,14 @@ def _load_model(
     A model directory is loaded in its checkpoint's own dtype, memory-mapped from its safetensors files (nothing
     copied); ``weights_dtype`` is applied afterwards, weight by weight (:func:`_cast_weights`). With
     ``meta_trace`` it is built from its config with its parameters on the meta device instead
-    (:mod:`etsdk_hf_static.meta_build`)."""
+    (:mod:`etsdk_hf_static.exporting.meta_build`)."""
     if not isinstance(model, (str, Path)):
         return model, None, None
     directory = Path(model)
     if directory.suffix.lower() == ".gguf":
         if not directory.is_file():
             raise ExportError(f"GGUF file not found: {directory}")
-        from etsdk_hf_static.gguf_import import load_gguf
+        from etsdk_hf_static.exporting.gguf_import import load_gguf
 
         loaded_gguf = load_gguf(directory, allow_requantize=allow_requantize, quiet=quiet)
         return loaded_gguf.model, None, loaded_gguf.tokenizer
@@ -118,7 +119,7 @@ def _load_model(
     wanted_dtype = dtype if weights_dtype == "auto" else weights_dtype
     converted = "" if wanted_dtype == dtype else f", converted to {wanted_dtype}"
     if meta_trace:
-        from etsdk_hf_static.meta_build import described_model
+        from etsdk_hf_static.exporting.meta_build import described_model
 
         _say(f"building {directory / 'config.json'} on the meta device ({dtype} weights{converted}, read when stored)", quiet)
         return described_model(directory, getattr(torch, dtype)), directory, None
@@ -272,10 +273,10 @@ def export(
     ``quantization``: quantize the model's linear layers, embedding and output
     head first (:func:`etsdk.quantize_model`; a model object is changed in place).
     ``model`` may be a GGUF file: its Q8_0 / Q4_0 / Q4_1 blocks are kept as they
-    are and its tokenizer saved (:mod:`etsdk_hf_static.gguf_import`);
+    are and its tokenizer saved (:mod:`etsdk_hf_static.exporting.gguf_import`);
     ``allow_requantize`` dequantizes its other tensor types instead of refusing.
     ``attention``: ``"filled"`` makes attention read only the cache rows in use
-    (``etsdk::attention``, :mod:`etsdk_hf_static.attention`), ``"full"`` every row
+    (``etsdk::attention``, :mod:`etsdk_hf_static.exporting.attention`), ``"full"`` every row
     (masked), ``"auto"`` filled when every chosen backend claims it.
     ``kv_cache``: ``"int8"`` keeps the key / value caches as int8 rows with a float32
     scale per row and head (hf_static v3: a quarter of the cache's bytes, read by
@@ -404,7 +405,7 @@ def _export_loaded(
     an etsdk-aoti delegate records a CPU target (it compiled CPU code)."""
     import torch
 
-    from etsdk_hf_static.module import WRAPPED
+    from etsdk_hf_static.exporting.module import WRAPPED
 
     if weights_dtype != "auto":
         _cast_weights(loaded, getattr(torch, weights_dtype), spill)
@@ -431,7 +432,7 @@ def _export_loaded(
         sources = method_sources(loaded, meta, chosen, options)
         weights = None
         if directory is not None and any(t.device.type == "meta" for t in loaded.parameters()):  # meta_trace
-            from etsdk_hf_static.meta_build import checkpoint_tensors, weight_values
+            from etsdk_hf_static.exporting.meta_build import checkpoint_tensors, weight_values
 
             weights = weight_values(loaded, checkpoint_tensors(directory), WRAPPED, spill)
         lowered = etsdk.lower(

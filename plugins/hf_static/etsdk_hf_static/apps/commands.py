@@ -7,7 +7,7 @@ line adds a subparser per :class:`etsdk.CommandSpec` and calls its ``run``. Impo
 ``export`` builds an :class:`etsdk.ExportRequest` and hands it to the exporter of the runner registered for
 ``--contract`` (default ``hf_static``: this plugin's). ``generate`` loads the program and drives the runner
 registered for the contract it embeds as an :class:`etsdk.TextRunner`; ``--chat`` and ``etsdk chat`` need the
-tokenizer's chat template, which :class:`~etsdk_hf_static.runner.HfStaticRunner` provides.
+tokenizer's chat template, which :class:`~etsdk_hf_static.runtime.runner.HfStaticRunner` provides.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from etsdk import CommandSpec, EtsdkError, QuantizationPlan, TextRunner
 
-from etsdk_hf_static.fitting import context_fixes, does_not_fit, rows_needed
+from etsdk_hf_static.runtime.fitting import context_fixes, does_not_fit, rows_needed
 
 if TYPE_CHECKING:
     from etsdk import Sampling
@@ -349,7 +349,7 @@ def _preflight(args: argparse.Namespace, text: str | None, given_ids: list[int] 
             raise EtsdkError(f"--prompt-ids: token {bad[0]} is {bad[1]}, outside the vocabulary 0..{meta.vocab_size - 1}")
         ids = given_ids
     else:
-        from etsdk_hf_static.runner import chat_template_ids, encode_text, load_tokenizer, no_tokenizer
+        from etsdk_hf_static.runtime.runner import chat_template_ids, encode_text, load_tokenizer, no_tokenizer
 
         assert text is not None
         name = Path(args.program).name
@@ -372,7 +372,7 @@ def open_runner(program_path: str, data: str | None) -> TextRunner:
     """Load ``program_path`` and the runner registered for the contract it embeds (a text-generating one)."""
     from etsdk import data_beside, get_runner, load
 
-    from etsdk_hf_static.startup import mark, say_loading
+    from etsdk_hf_static.runtime.startup import mark, say_loading
 
     mark("start")
     say_loading(program_path)
@@ -396,8 +396,9 @@ def run_generate(args: argparse.Namespace) -> int:
     Everything the arguments and the program's contract can refuse is refused before the program loads
     (:func:`_preflight`); an error after the prompt was echoed starts on a new line.
     """
-    from etsdk_hf_static.startup import mark, say_loading
-    from etsdk_hf_static.streaming import TextStream, cut_at_stop, decode_rate
+    from etsdk_hf_static.apps.streaming import TextStream, decode_rate
+    from etsdk_hf_static.runtime.startup import mark, say_loading
+    from etsdk_hf_static.runtime.stops import cut_at_stop
 
     if sum(source is not None for source in (args.prompt, args.prompt_file, args.prompt_ids)) != 1:
         raise EtsdkError("give exactly one of --prompt TEXT, --prompt-file PATH ('-': stdin) or --prompt-ids 1,2,3")
@@ -416,7 +417,7 @@ def run_generate(args: argparse.Namespace) -> int:
     runner = open_runner(args.program, args.data)
     if prompt_ids is None:  # a program of another contract: its runner encodes
         if args.chat:
-            from etsdk_hf_static.chat import chat_runner
+            from etsdk_hf_static.apps.chat import chat_runner
 
             system = [{"role": "system", "content": args.system}] if args.system else []
             prompt_ids = chat_runner(runner).chat_prompt_ids([*system, {"role": "user", "content": text or ""}])
@@ -477,11 +478,11 @@ def configure_chat(chat: argparse.ArgumentParser) -> None:
 
 
 def run_chat(args: argparse.Namespace) -> int:
-    """``etsdk chat`` (its arguments: :func:`configure_chat`; the session: :mod:`etsdk_hf_static.chat`)."""
+    """``etsdk chat`` (its arguments: :func:`configure_chat`; the session: :mod:`etsdk_hf_static.apps.chat`)."""
     from etsdk import GenerationError
 
-    from etsdk_hf_static.chat import ChatSession, chat_runner, continued_lines, terminal_lines
-    from etsdk_hf_static.chat import run_chat as chat_loop
+    from etsdk_hf_static.apps.chat import ChatSession, chat_runner, continued_lines, terminal_lines
+    from etsdk_hf_static.apps.chat import run_chat as chat_loop
 
     sampling = sampling_from_args(args)
     if isinstance(args.max_new_tokens, bool) or args.max_new_tokens < 1:

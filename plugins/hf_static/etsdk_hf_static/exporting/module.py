@@ -16,7 +16,7 @@ returns logits ``[1, T, V]`` float32. Mask convention ``bool_true_visible``:
 :class:`WindowedCausalLM` (hf_static v2) is the form of a model with
 sliding-window layers: full layers keep S rows written at their positions,
 sliding-window layers a ring of R rows written at position mod R; it takes a
-second mask for the rings (:func:`slot_mask`) and has no counters. With
+second mask for the rings (:func:`~etsdk_hf_static.masks.slot_mask`) and has no counters. With
 ``cache_dtype="int8"`` (hf_static v3) every cache holds int8 rows and a float32
 scale per row and head beside it (``k0`` / ``k0_scale``), written by
 :func:`etsdk.backend.quantize_rows`.
@@ -33,9 +33,7 @@ __all__ = [
     "StaticCausalLM",
     "WRAPPED",
     "WindowedCausalLM",
-    "causal_mask",
     "layer_kinds",
-    "slot_mask",
     "state_fqns",
     "unsupported_layer",
 ]
@@ -92,39 +90,6 @@ def state_fqns(layers: int) -> dict[str, str]:
         out[f"value_cache_{i}"] = f"v{i}"
         out[f"cumulative_length_{i}"] = f"c{i}"
     return out
-
-
-def slot_mask(
-    start: int, real: int, rows: int, ring: int, window: int, *, out: torch.Tensor | None = None
-) -> torch.Tensor:
-    """The ``[1, 1, rows, ring]`` bool mask of a ring cache for ``real`` tokens at ``start`` padded to ``rows``.
-
-    Slot ``s`` holds the latest position ``q <= p`` with ``q = s (mod ring)``; query row ``i`` (position ``p =
-    start + min(i, real - 1)``: padded rows see what the last real row sees) may attend to it when ``q >= 0`` and
-    ``p - q < window``. With ``ring = window = S`` this is :func:`causal_mask`. The mask depends on positions
-    only, never on history: a ring of ``W + T - 1`` rows written at ``position mod ring`` holds every row a
-    query of the chunk needs.
-    """
-    p = (torch.clamp(torch.arange(rows), max=real - 1) + start).reshape(1, 1, rows, 1)
-    age = torch.remainder(p - torch.arange(ring).reshape(1, 1, 1, ring), ring)
-    visible = (age < window) & (age <= p)
-    if out is None:
-        return visible
-    return out.copy_(visible)
-
-
-def causal_mask(start_pos: int, real: int, rows: int, context: int, *, out: torch.Tensor | None = None) -> torch.Tensor:
-    """The ``[1, 1, rows, context]`` bool mask for ``real`` tokens at ``start_pos`` padded to ``rows``.
-
-    Row ``i`` sees cache rows ``0 .. min(start_pos + i, start_pos + real - 1)``: real
-    rows are causal, padded rows see the real ones only (never padding, and never
-    nothing, so no row's softmax is over an empty set). ``out``: fill it in place.
-    """
-    last = torch.clamp(torch.arange(rows) + start_pos, max=start_pos + real - 1).reshape(1, 1, rows, 1)
-    columns = torch.arange(context).reshape(1, 1, 1, context)
-    if out is None:
-        return columns <= last
-    return torch.le(columns, last, out=out)
 
 
 def _full_attention_config(config: Any, context_length: int) -> Any:
@@ -195,11 +160,11 @@ def _position_cache(config: Any, context_length: int, targets: list[_Target]) ->
     (mod R for a ring) into the wrapper's buffers and returns the whole buffer, which the mask selects from.
     (transformers' own sliding-window layer decides by a Python counter, which a traced program cannot.)
     Int8 caches: the rows are quantized as they are written, and the whole cache is returned dequantized (what the
-    model's own attention reads); filled attention reads the int8 rows instead (:func:`~etsdk_hf_static.attention.
+    model's own attention reads); filled attention reads the int8 rows instead (:func:`~etsdk_hf_static.exporting.attention.
     int8_operands`)."""
     from transformers.cache_utils import StaticCache
 
-    from etsdk_hf_static.attention import remember_int8
+    from etsdk_hf_static.exporting.attention import remember_int8
 
     class PositionCache(StaticCache):  # type: ignore[misc]
         targets: list[_Target]
@@ -274,7 +239,7 @@ class WindowedCausalLM(torch.nn.Module):
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, attention_mask: torch.Tensor, window_mask: torch.Tensor
     ) -> torch.Tensor:
-        from etsdk_hf_static.attention import forget_int8
+        from etsdk_hf_static.exporting.attention import forget_int8
 
         forget_int8()
         self.cache.positions = positions

@@ -18,7 +18,7 @@ would make:
   rows past the position are masked out and overwritten later.
 * :meth:`Conversation.prefill` writes only the full prefill chunks of its
   tokens and keeps the rest pending: any prompt starting with them plans exactly
-  those chunks first (:func:`~etsdk_hf_static.planning.full_chunks`), so a
+  those chunks first (:func:`~etsdk_hf_static.runtime.planning.full_chunks`), so a
   shared prefix forked into many conversations continues with the very calls,
   and so the very logits, of a whole-prompt run.
 
@@ -30,30 +30,40 @@ session, and calls into the program are serialised by the program's lock.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from etsdk import GenerationError, GenerationResult, Sampling
 
-from etsdk_hf_static.fitting import context_fixes, does_not_fit, rows_needed
-from etsdk_hf_static.planning import (
+from etsdk_hf_static.runtime.fitting import context_fixes, does_not_fit, rows_needed
+from etsdk_hf_static.runtime.planning import (
     MethodInputs,
     Step,
     check_tokens,
     full_chunks,
     plan_prompt,
 )
-from etsdk_hf_static.sampling import choose, generator_for
-from etsdk_hf_static.streaming import find_stop
+from etsdk_hf_static.runtime.sampling import choose, generator_for
+from etsdk_hf_static.runtime.stops import find_stop
 
 if TYPE_CHECKING:
     from etsdk import Session, Snapshot
 
-    from etsdk_hf_static.runner import HfStaticRunner
+    from etsdk_hf_static.runtime.model import LoadedModel
 
-__all__ = ["Conversation"]
+__all__ = ["Conversation", "Generation", "common_prefix"]
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 #: key of the conversation's own record in a snapshot's metadata
 SNAPSHOT_KEY = "hf_static.conversation"
@@ -62,13 +72,13 @@ SNAPSHOT_KEY = "hf_static.conversation"
 class Conversation:
     """One independent stream over a loaded program: its own caller-owned state, inputs, tokens and position."""
 
-    def __init__(self, runner: HfStaticRunner, *, session: Session | None = None) -> None:
-        meta = runner.metadata
-        self._runner = runner
+    def __init__(self, model: LoadedModel, *, session: Session | None = None) -> None:
+        meta = model.metadata
+        self._model = model
         if session is None:
-            session = runner.program.new_session()
+            session = model.program.new_session()
         else:
-            session.check_owner(runner.program)
+            session.check_owner(model.program)
         self.session = session
         # version 1 keeps a counter per layer (written from the step's start); version 2 writes at the positions
         self._counters = [session.tensor(f"c{layer}") for layer in range(meta.layers)] if meta.version == 1 else []
@@ -111,7 +121,7 @@ class Conversation:
 
     def encode(self, text: str) -> list[int]:
         """``text`` as token ids, starting with BOS when the conversation is empty (needs the tokenizer)."""
-        return self._runner.encode(text, bos=self._gap is None and not self._tokens)
+        return self._model.encode(text, bos=self._gap is None and not self._tokens)
 
     # ------------------------------------------------------------------ running
 
@@ -121,7 +131,7 @@ class Conversation:
         A step must lie inside the cache (rows ``start .. start + rows - 1`` within ``0 .. S-1``) and carry
         1 .. rows token ids of the vocabulary; anything else is a :class:`GenerationError`, before it runs.
         """
-        meta = self._runner.metadata
+        meta = self._model.metadata
         inputs = self._inputs.get(step.method)
         if inputs is None:
             raise GenerationError(f"hf_static has methods prefill and decode, not '{step.method}'")
@@ -139,7 +149,7 @@ class Conversation:
         check_tokens(step.tokens, meta.vocab_size, what=f"{step.method} step")
         for counter in self._counters:
             counter.fill_(step.start)
-        outputs = self._runner._methods[step.method].execute(inputs.fill(step), session=self.session)
+        outputs = self._model.methods[step.method].execute(inputs.fill(step), session=self.session)
         self._written_end = step.start + inputs.rows if step.start == 0 else max(self._written_end, step.start + inputs.rows)
         self._wrote(step.start, step.tokens)
         return outputs[-1][0, count - 1]
@@ -165,7 +175,7 @@ class Conversation:
         """Continue the conversation with ``prompt_ids`` and generate up to ``max_new_tokens``.
 
         Everything is checked and planned before the first step: token ids, room in
-        the context (:func:`~etsdk_hf_static.fitting.rows_needed`: the conversation's
+        the context (:func:`~etsdk_hf_static.runtime.fitting.rows_needed`: the conversation's
         tokens + ``len(prompt)`` + ``max_new_tokens`` ``<= S``; the message names the
         fixes that apply). ``on_token`` receives each token as it is chosen (streaming);
         the time it takes is not counted in ``decode_tokens_per_s``. An exception raised
@@ -178,73 +188,38 @@ class Conversation:
         ``stop`` strings end the reply once the decoded text contains one (``stopped ==
         "stop"``; the result's ``text`` ends before it; needs the tokenizer);
         ``ignore_eos`` (or ``stop_at_eos=False``) generates past an EOS id.
+
+        The loop is :class:`Generation`'s (:meth:`begin`), one step per ``advance``: what a server interleaves.
         """
-        meta = self._runner.metadata
-        sampling = sampling or Sampling()
-        if sampling.stop and self._runner._tokenizer is None:
-            raise GenerationError("stop strings need the tokenizer saved beside the program (it decodes the text they match)")
-        prompt = check_tokens(prompt_ids, meta.vocab_size)
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise GenerationError(f"max_new_tokens must be a positive integer, found {max_new_tokens!r}")
-        self._check_history("generate")
-        feed = self.pending + prompt
-        if not feed:
-            raise GenerationError("the prompt is empty and the conversation has no pending token")
-        used, S = len(self._tokens), meta.context_length
-        if rows_needed(used, len(prompt), max_new_tokens) > S:
-            fixes = context_fixes(used, len(prompt), max_new_tokens, S)
-            raise GenerationError(does_not_fit(used, len(prompt), max_new_tokens, S, fixes))
-        steps = plan_prompt(self._position, feed, meta)
-        generator = generator_for(sampling)
-        started = time.perf_counter()
-        logits = self._write(steps, prompt)
-        if logits is None:  # feed is not empty, so the plan has a step
-            raise GenerationError("nothing to run: the prompt plan is empty")
-        token = choose(logits, sampling, generator, self._tokens)
-        prefill_ms = (time.perf_counter() - started) * 1e3
-        generated: list[int] = []
-        streaming_s = 0.0  # time spent in on_token: the caller's, not the model's
-
-        def emit(token: int) -> None:
-            nonlocal streaming_s
-            generated.append(token)
-            self._tokens.append(token)  # pending until the next step writes it
-            if on_token is not None:
-                before = time.perf_counter()
+        generation = self.begin(prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling, stop_at_eos=stop_at_eos)
+        while not generation.done:
+            token = generation.advance()
+            if token is not None and on_token is not None:
                 on_token(token)
-                streaming_s += time.perf_counter() - before
+        return generation.result()
 
-        emit(token)
-        streaming_s = 0.0
-        stopped = "length"
-        stop_at_eos = stop_at_eos and not sampling.ignore_eos
-        text, searched, cut = "", 0, None  # stop strings: the text so far, how much was searched, where one begins
-        decode_started = time.perf_counter()
-        while True:
-            if stop_at_eos and token in meta.eos_ids:
-                stopped = "eos"
-                break
-            if sampling.stop:
-                text = self._runner.decode_text(generated)
-                cut, searched = find_stop(text, sampling.stop, searched), len(text)
-                if cut is not None:
-                    stopped = "stop"
-                    break
-            if len(generated) == max_new_tokens:
-                break
-            logits = self.run_step(Step("decode", self._position, (token,), 1))
-            token = choose(logits, sampling, generator, self._tokens)
-            emit(token)
-        decode_s = time.perf_counter() - decode_started - streaming_s
-        decoded = len(generated) - 1
-        return GenerationResult(
-            prompt_ids=prompt,
-            token_ids=tuple(generated),
-            prefill_ms=prefill_ms,
-            decode_tokens_per_s=decoded / decode_s if decoded and decode_s > 0 else 0.0,
-            stopped=stopped,
-            text=text[:cut] if cut is not None else self._runner.decode_text(generated),
-        )
+    def begin(
+        self,
+        prompt_ids: Iterable[int],
+        *,
+        max_new_tokens: int = 32,
+        sampling: Sampling | None = None,
+        stop_at_eos: bool = True,
+    ) -> Generation:
+        """A :class:`Generation` of ``prompt_ids``, checked and planned as :meth:`generate` does; nothing runs yet."""
+        return Generation(self, prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling, stop_at_eos=stop_at_eos)
+
+    def keep_prefix(self, ids: Sequence[int]) -> int:
+        """Rewind to the longest prefix of ``ids`` this conversation holds, keeping at least one of ``ids`` to run.
+
+        Returns how many of ``ids`` are kept: the caller continues with ``ids[kept:]`` (its logits start the reply).
+        What ``etsdk chat`` does before each message, and ``etsdk serve`` before each request on a slot.
+        """
+        have = self.tokens
+        common = min(common_prefix(ids, have), len(ids) - 1)
+        if common < len(have):
+            self.rewind(len(have) - common)
+        return max(common, 0)
 
     def _write(self, steps: list[Step], new: tuple[int, ...]) -> torch.Tensor | None:
         """Append ``new`` to the history and run ``steps``; on failure, forget the tokens no step wrote."""
@@ -268,7 +243,7 @@ class Conversation:
         continuation (here or in a :meth:`fork`) makes exactly the calls of a conversation that was given
         the whole prompt at once. Returns the number of cache rows written now.
         """
-        meta = self._runner.metadata
+        meta = self._model.metadata
         ids = check_tokens(prompt_ids, meta.vocab_size)
         self._check_history("prefill")
         used, S = len(self._tokens), meta.context_length
@@ -280,7 +255,7 @@ class Conversation:
 
     def fork(self) -> Conversation:
         """A new conversation continuing from this one: a copy of its state and tokens (its own storage)."""
-        twin = Conversation(self._runner, session=self.session.fork())
+        twin = Conversation(self._model, session=self.session.fork())
         twin._tokens = list(self._tokens)
         twin._position = self._position
         twin._gap = self._gap
@@ -309,7 +284,7 @@ class Conversation:
             return
         del self._tokens[len(self._tokens) - count :]
         position = min(self._position, max(len(self._tokens) - 1, 0))
-        reach = self._runner.metadata.rewind_reach()
+        reach = self._model.metadata.rewind_reach()
         if reach is not None and self._written_end - position > reach:
             # the ring caches of sliding-window layers no longer hold every row the kept tokens' next query needs
             # (later rows overwrote them): every kept token is written again by the next call, as for a fresh
@@ -337,7 +312,7 @@ class Conversation:
 
         if not isinstance(snapshot, Snapshot):
             raise StateError(f"restore() takes an etsdk Snapshot, found {type(snapshot).__name__}")
-        meta = self._runner.metadata
+        meta = self._model.metadata
         record = snapshot.metadata.get(SNAPSHOT_KEY)
         if not isinstance(record, Mapping) or not {"tokens", "position"} <= set(record) or set(record) - {"tokens", "position", "user", "written_end"}:
             raise StateError("the snapshot was not taken from an hf_static conversation (no conversation record)")
@@ -376,3 +351,136 @@ class Conversation:
                 f"cannot {action}: a step wrote at row {self._gap} or later with rows before it never written, so "
                 "the conversation's tokens are unknown; reset() it"
             )
+
+
+class Generation:
+    """One request on a conversation, advanced one step at a time: the generation loop of ``generate``, ``etsdk
+    chat`` and ``etsdk serve`` alike.
+
+    Made by :meth:`Conversation.begin`, which checks and plans everything first. Each :meth:`advance` runs one
+    call: a prefill chunk of the prompt (returns None until the last one, which chooses the first token) or one
+    decode step (returns the token it chose). :attr:`done` says when it stopped (:attr:`stopped`: ``"eos"``,
+    ``"stop"``, ``"length"``, or what :meth:`cancel` was given). The tokens chosen stay in the conversation, the
+    last one pending, whenever it stops; a prompt chunk that never ran is forgotten (:meth:`cancel`, or an error).
+    Times count only the generation's own calls, so requests interleaved on one program each report their own.
+    """
+
+    def __init__(
+        self,
+        conversation: Conversation,
+        prompt_ids: Iterable[int],
+        *,
+        max_new_tokens: int,
+        sampling: Sampling | None,
+        stop_at_eos: bool,
+    ) -> None:
+        model = conversation._model
+        meta = model.metadata
+        sampling = sampling or Sampling()
+        if sampling.stop and model.tokenizer is None:
+            raise GenerationError("stop strings need the tokenizer saved beside the program (it decodes the text they match)")
+        prompt = check_tokens(prompt_ids, meta.vocab_size)
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise GenerationError(f"max_new_tokens must be a positive integer, found {max_new_tokens!r}")
+        conversation._check_history("generate")
+        feed = conversation.pending + prompt
+        if not feed:
+            raise GenerationError("the prompt is empty and the conversation has no pending token")
+        used, S = len(conversation._tokens), meta.context_length
+        if rows_needed(used, len(prompt), max_new_tokens) > S:
+            fixes = context_fixes(used, len(prompt), max_new_tokens, S)
+            raise GenerationError(does_not_fit(used, len(prompt), max_new_tokens, S, fixes))
+        self.conversation = conversation
+        self.prompt = prompt
+        self.max_new_tokens = max_new_tokens
+        self.sampling = sampling
+        self.stop_at_eos = stop_at_eos and not sampling.ignore_eos
+        self._steps = plan_prompt(conversation._position, feed, meta)
+        #: cache rows the prompt's calls write (its new tokens and the pending one; padding not counted)
+        self.prompt_rows = len(feed)
+        self._generator = generator_for(sampling)
+        self._before = len(conversation._tokens)
+        conversation._tokens.extend(prompt)
+        self.tokens: list[int] = []  # chosen so far
+        self.stopped: str | None = None
+        self._prefill_s = 0.0
+        self._decode_s = 0.0
+        self._text, self._searched = "", 0
+        self._cut: int | None = None  # stop strings: the text so far, searched, where one begins
+
+    @property
+    def done(self) -> bool:
+        return self.stopped is not None
+
+    def advance(self) -> int | None:
+        """Run the next call; the token it chose, or None after a prompt chunk that chooses none."""
+        if self.stopped is not None:
+            raise GenerationError(f"this generation has stopped ({self.stopped})")
+        conversation = self.conversation
+        started = time.perf_counter()
+        try:
+            if self._steps:
+                logits = conversation.run_step(self._steps.pop(0))
+                if self._steps:
+                    self._prefill_s += time.perf_counter() - started
+                    return None
+            else:
+                logits = conversation.run_step(Step("decode", conversation._position, (self.tokens[-1],), 1))
+            token = choose(logits, self.sampling, self._generator, conversation._tokens)
+        except BaseException:
+            self._forget_unwritten()
+            self.stopped = self.stopped or "error"
+            raise
+        self.tokens.append(token)
+        conversation._tokens.append(token)  # pending until the next step writes it
+        self._check_stop(token)
+        elapsed = time.perf_counter() - started
+        if len(self.tokens) == 1:
+            self._prefill_s += elapsed
+        else:
+            self._decode_s += elapsed
+        return token
+
+    def cancel(self, reason: str = "cancelled") -> None:
+        """Stop here (a client left, Ctrl-C): the tokens chosen stay, a prompt chunk not run is forgotten."""
+        if self.stopped is None:
+            self._forget_unwritten()
+            self.stopped = reason
+
+    def _forget_unwritten(self) -> None:
+        conversation = self.conversation
+        if self._steps or not self.tokens:  # the prompt is not all written: drop what no step wrote
+            del conversation._tokens[max(conversation._position, self._before) :]
+            self._steps = []
+
+    def _check_stop(self, token: int) -> None:
+        if self.stop_at_eos and token in self.conversation._model.metadata.eos_ids:
+            self.stopped = "eos"
+            return
+        if self.sampling.stop:
+            self._text = self.conversation._model.decode_text(self.tokens)
+            self._cut, self._searched = find_stop(self._text, self.sampling.stop, self._searched), len(self._text)
+            if self._cut is not None:
+                self.stopped = "stop"
+                return
+        if len(self.tokens) == self.max_new_tokens:
+            self.stopped = "length"
+
+    @property
+    def text(self) -> str:
+        """The text generated so far, up to a stop string."""
+        if self._cut is not None:
+            return self._text[: self._cut]
+        return self.conversation._model.decode_text(self.tokens)
+
+    def result(self) -> GenerationResult:
+        """The result so far (``stopped`` is ``"length"`` while it runs)."""
+        decoded = len(self.tokens) - 1
+        return GenerationResult(
+            prompt_ids=self.prompt,
+            token_ids=tuple(self.tokens),
+            prefill_ms=self._prefill_s * 1e3,
+            decode_tokens_per_s=decoded / self._decode_s if decoded > 0 and self._decode_s > 0 else 0.0,
+            stopped=self.stopped or "length",
+            text=self.text,
+        )

@@ -1,51 +1,33 @@
-"""The hf_static v1 runner: the IO manager that drives ``prefill`` and ``decode`` over caller-owned state.
+"""A loaded hf_static program, checked once: its metadata, its methods, its tokenizer.
 
-Before the first step it checks the program: the embedded metadata
-(:mod:`etsdk_hf_static.metadata`) against the contract record, and every
-method's engine inputs and outputs (shape *and* dtype: equal byte sizes are not
-enough) against what the metadata implies. Before every step it writes the
-positions and every layer's counter from ``start_pos`` and builds the mask
-(:func:`~etsdk_hf_static.module.causal_mask`). A prompt is planned completely
-before anything runs (:mod:`etsdk_hf_static.planning`); a request that would
-not fit the context is refused before the first step.
+:class:`LoadedModel` is what conversations run on (:mod:`~etsdk_hf_static.runtime.conversation`), and what the
+runner (:class:`~etsdk_hf_static.runtime.runner.HfStaticRunner`) is: before the first step it checks the
+embedded metadata (:mod:`etsdk_hf_static.metadata`) against the contract record, and every method's engine inputs
+and outputs (shape *and* dtype: equal byte sizes are not enough) against what the metadata implies.
 
-One :class:`~etsdk_hf_static.conversation.Conversation` per independent stream;
-positions carry on across ``generate`` calls (multi-turn) until ``reset``;
-conversations fork, rewind, snapshot, restore, save and load.
-
-Threads: a runner (its program, metadata, tokenizer) may be shared by threads;
-a conversation is used by one thread at a time. Conversations of one runner on
-different threads each fill their own inputs and bind their own state; calls
-into the program are serialised by the program's lock.
+The tokenizer helpers need no loaded program: ``etsdk generate`` encodes a prompt and checks that it fits the
+context before the program's methods load.
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from etsdk import Contract, ContractError, GenerationError, GenerationResult, MethodInfo, Program, Sampling, dtype_name
+from etsdk import Contract, ContractError, GenerationError, MethodInfo, Program, dtype_name
 
-from etsdk_hf_static.conversation import Conversation
 from etsdk_hf_static.metadata import HfStaticMetadata, read_metadata
-from etsdk_hf_static.planning import MethodInputs, Step, check_tokens, plan_prompt
-
-_MethodInputs = MethodInputs  # the name tests and older callers use
+from etsdk_hf_static.runtime.planning import check_tokens
 
 __all__ = [
-    "Conversation",
-    "HfStaticRunner",
+    "LoadedModel",
     "ProgramMismatchError",
-    "Step",
     "chat_template_ids",
     "check_program",
-    "check_tokens",
     "encode_text",
     "load_tokenizer",
     "no_tokenizer",
-    "plan_prompt",
 ]
 
 
@@ -94,92 +76,41 @@ def check_program(record: Contract | None, infos: Mapping[str, MethodInfo]) -> H
     return meta
 
 
-class HfStaticRunner:
-    """Drives a loaded hf_static program: checks it once, then serves any number of conversations.
+class LoadedModel:
+    """A checked hf_static program with its ``prefill`` and ``decode`` methods loaded, and its tokenizer (or None).
 
-    An :class:`etsdk.TextRunner` (``encode``, ``decode_text``, ``generate``: what ``etsdk generate`` drives),
-    and more: conversations, and the tokenizer's chat template (``chat_prompt_ids``, for ``etsdk chat``).
+    Shared by any number of conversations and threads: it holds no conversation state.
     """
 
     def __init__(self, program: Program, *, tokenizer: Any = None) -> None:
-        from etsdk_hf_static.startup import mark
+        from etsdk_hf_static.runtime.startup import mark
 
-        mark("tokenizer")  # from_program loaded it before it made the runner
+        mark("tokenizer")  # from_program loaded it before it made the model
         self.program = program
         self.metadata = check_program(program.contract, {m: program.method_info(m) for m in program.methods})
-        self._methods = {method: program.load_method(method) for method in ("prefill", "decode")}
+        self.methods = {method: program.load_method(method) for method in ("prefill", "decode")}
         mark("methods")
-        self._tokenizer = tokenizer
-        self._default: Conversation | None = None
-        self._lock = threading.Lock()
+        self.tokenizer = tokenizer
 
-    @classmethod
-    def from_program(cls, program: Program) -> HfStaticRunner:
-        """A runner for ``program``, with the tokenizer export saved beside it when there is one."""
-        return cls(program, tokenizer=load_tokenizer(program.path))
-
-    @classmethod
-    def from_file(cls, path: str | Path, data: str | Path | None = None) -> HfStaticRunner:
-        """Load ``model.pte`` (and its ``.ptd``: given, or ``model.ptd`` beside it)."""
-        import etsdk
-
-        return cls.from_program(etsdk.load(path, data=data if data is not None else etsdk.data_beside(path)))
-
-    def new_conversation(self) -> Conversation:
-        return Conversation(self)
-
-    def load_conversation(self, path: str | Path) -> tuple[Conversation, dict[str, Any]]:
-        """A new conversation holding the one saved in ``path``, and the metadata saved with it."""
-        conversation = Conversation(self)
-        return conversation, conversation.load(path)
-
-    @property
-    def default(self) -> Conversation:
-        """The conversation :meth:`generate` and :meth:`reset` use (one thread at a time, like any conversation)."""
-        with self._lock:
-            if self._default is None:
-                self._default = Conversation(self)
-            return self._default
-
-    def generate(
-        self,
-        prompt_ids: Iterable[int],
-        *,
-        max_new_tokens: int = 32,
-        sampling: Sampling | None = None,
-        on_token: Callable[[int], None] | None = None,
-        stop_at_eos: bool = True,
-    ) -> GenerationResult:
-        """:meth:`Conversation.generate` on this runner's default conversation."""
-        return self.default.generate(
-            prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling, on_token=on_token, stop_at_eos=stop_at_eos
-        )
-
-    def reset(self) -> None:
-        self.default.reset()
-
-    # ------------------------------------------------------------------ text
-
-    def _require_tokenizer(self) -> Any:
-        if self._tokenizer is None:
+    def require_tokenizer(self) -> Any:
+        """The tokenizer, or the error naming what to do without one."""
+        if self.tokenizer is None:
             raise no_tokenizer(self.program.path.name)
-        return self._tokenizer
+        return self.tokenizer
 
-    def encode(self, text: str, *, bos: bool | None = None) -> list[int]:
-        """``text`` as token ids; ``bos``: start with the model's BOS id (default: when the default conversation is empty)."""
-        tokenizer = self._require_tokenizer()
-        if bos is None:
-            bos = self.default.position == 0 and not self.default.pending
-        return encode_text(tokenizer, text, self.metadata.bos_id if bos else None)
+    def encode(self, text: str, *, bos: bool) -> list[int]:
+        """``text`` as token ids, after the model's BOS id when ``bos``."""
+        return encode_text(self.require_tokenizer(), text, self.metadata.bos_id if bos else None)
 
     def decode_text(self, ids: Sequence[int]) -> str:
-        if self._tokenizer is None:
+        """``ids`` as text (special tokens skipped); ids joined by spaces when there is no tokenizer."""
+        if self.tokenizer is None:
             return " ".join(map(str, ids))
-        return str(self._tokenizer.decode(list(ids), skip_special_tokens=True))
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
 
     def chat_prompt_ids(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
         """The ids of ``messages`` (``{"role", "content"}``) through the tokenizer's chat template, ready for a reply."""
-        return chat_template_ids(self._require_tokenizer(), messages, self.metadata.vocab_size, self.program.path.name)
+        return chat_template_ids(self.require_tokenizer(), messages, self.metadata.vocab_size, self.program.path.name)
 
 
 # ---------------------------------------------------------------------- the tokenizer, without a loaded program
@@ -191,7 +122,7 @@ def load_tokenizer(program_path: str | Path) -> Any:
     Needs no loaded program: ``etsdk generate`` encodes a text prompt with it and checks that the request fits
     the context before the program's methods load.
     """
-    from etsdk_hf_static.exporter import tokenizer_dir
+    from etsdk_hf_static.metadata import tokenizer_dir
 
     if not tokenizer_dir(program_path).is_dir():
         return None
@@ -224,10 +155,3 @@ def chat_template_ids(tokenizer: Any, messages: Sequence[Mapping[str, str]], voc
         raise GenerationError(f"the chat template failed: {type(exc).__name__}: {exc}") from None
     ids = encoded["input_ids"] if isinstance(encoded, Mapping) else encoded
     return list(check_tokens(list(ids), vocab_size, what="chat template"))
-
-
-if TYPE_CHECKING:
-    from etsdk import TextRunner
-
-    def _is_a_text_runner(runner: HfStaticRunner) -> TextRunner:
-        return runner  # mypy checks that HfStaticRunner satisfies etsdk.TextRunner (etsdk generate drives it)

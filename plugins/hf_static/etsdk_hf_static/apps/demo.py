@@ -8,7 +8,7 @@ saying where it left the model directory and the program (they stay: ``--out-dir
 ``demo/`` in etsdk's cache directory, ``$ETSDK_CACHE_DIR`` or ``~/.cache/etsdk``, rewritten by each run), that
 the text is random because the weights are, and the commands to try next (``etsdk chat``, ``etsdk generate``).
 
-``python -m etsdk_hf_static.demo [--out-dir DIR] [--backend aoti|reference] [--prompt TEXT] [--verbose]``
+``python -m etsdk_hf_static.apps.demo [--out-dir DIR] [--backend aoti|reference] [--prompt TEXT] [--verbose]``
 
 Only etsdk's own progress and results are printed; ``--verbose`` also shows other libraries' warnings.
 """
@@ -35,7 +35,7 @@ def _etsdk(*args: str, capture: bool = False) -> subprocess.CompletedProcess[str
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m etsdk_hf_static.demo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m etsdk_hf_static.apps.demo", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--out-dir", default=None,
         help="where to write the model and program, kept after the demo (default: demo/ in etsdk's cache directory)",
@@ -52,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from etsdk_hf_static.tiny import save_tiny_model
+    from etsdk_hf_static.exporting.tiny import save_tiny_model
 
     out = Path(args.out_dir) if args.out_dir else default_out_dir()
     out.mkdir(parents=True, exist_ok=True)

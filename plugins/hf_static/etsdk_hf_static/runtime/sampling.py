@@ -12,7 +12,7 @@
    seeded generator (with the defaults, the very draws of the sampler before ``top_k`` and ``min_p``
    existed).
 
-Stop strings are found by :func:`etsdk_hf_static.streaming.find_stop`, the rule the conversation stops by and
+Stop strings are found by :func:`etsdk_hf_static.runtime.stops.find_stop`, the rule the conversation stops by and
 the command line streams by (it never prints a stop string).
 """
 

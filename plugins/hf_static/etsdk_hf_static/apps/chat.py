@@ -18,7 +18,7 @@ prompt, until they fit and at least half of the exchanges' rows are free (as
 llama.cpp's context shift discards half), says so in one line, and re-prefills
 the rest (the system prompt's rows are kept: prefix reuse). ``--no-context-shift``
 keeps every exchange: a message that does not fit is refused, naming the fixes.
-Every "does not fit" counts rows as :func:`~etsdk_hf_static.fitting.rows_needed`.
+Every "does not fit" counts rows as :func:`~etsdk_hf_static.runtime.fitting.rows_needed`.
 
 Ctrl-C during a reply stops it after the current step and keeps what was
 generated (a SIGINT handler sets a flag the reply checks after each token, so no
@@ -39,11 +39,11 @@ Output: the reply streams to stdout, then a line of timings to stderr; with
 An error ends a non-interactive chat (exit status 2); at a terminal it is shown
 and the chat goes on.
 
-A chat drives an :class:`~etsdk_hf_static.runner.HfStaticRunner`: its
+A chat drives an :class:`~etsdk_hf_static.runtime.runner.HfStaticRunner`: its
 ``chat_prompt_ids(messages)`` and ``decode_text(ids)``, and one
-:class:`~etsdk_hf_static.conversation.Conversation` (``generate``, ``tokens``,
+:class:`~etsdk_hf_static.runtime.conversation.Conversation` (``generate``, ``tokens``,
 ``rewind``, ``reset``, ``save``, ``load``). The command itself is registered by
-:mod:`etsdk_hf_static.commands` (moved here from ``etsdk._apps.chat``; the old
+:mod:`etsdk_hf_static.apps.commands` (moved here from ``etsdk._apps.chat``; the old
 path ``etsdk.chat`` still imports, with a DeprecationWarning).
 """
 
@@ -53,7 +53,6 @@ import contextlib
 import json
 import signal
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,11 +60,12 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from etsdk import EtsdkError, GenerationError, GenerationResult, Sampling, StateError
 
-from etsdk_hf_static.fitting import context_fixes, does_not_fit
-from etsdk_hf_static.streaming import TextStream, decode_rate
+from etsdk_hf_static.apps.streaming import TextStream, decode_rate
+from etsdk_hf_static.runtime.conversation import common_prefix
+from etsdk_hf_static.runtime.fitting import context_fixes, does_not_fit
 
 if TYPE_CHECKING:
-    from etsdk_hf_static.runner import HfStaticRunner
+    from etsdk_hf_static.runtime.runner import HfStaticRunner
 
 __all__ = ["ChatSession", "Reply", "chat_runner", "continued_lines", "run_chat", "terminal_lines"]
 
@@ -100,19 +100,6 @@ class Reply:
             dropped_exchanges=self.dropped_exchanges, dropped_tokens=self.dropped_tokens,
         )
         return out
-
-
-class _Stopped(Exception):
-    """Raised from a reply's ``on_token`` when its stop flag is set: ends ``generate`` between two steps."""
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class ChatSession:
@@ -196,7 +183,7 @@ class ChatSession:
         turns = []
         for before, _ in self.turns[dropped:]:
             rendered = self._render(messages[: before - gone + 1])  # up to the exchange's own message
-            turns.append((before - gone, min(_common_prefix(rendered, ids), len(rendered) - 1)))
+            turns.append((before - gone, min(common_prefix(rendered, ids), len(rendered) - 1)))
         self.messages, self.turns = messages, turns
 
     def say(
@@ -216,50 +203,30 @@ class ChatSession:
         candidate, ids, dropped, dropped_tokens = self._fit(text)
         if not ids:
             raise GenerationError("the chat template rendered no tokens")
-        have = self.conversation.tokens
-        common = min(_common_prefix(ids, have), len(ids) - 1)  # at least one token runs: its logits start the reply
         S = self.context_length
         room = S - len(ids)
         if room < 1:
+            have = self.conversation.tokens
+            common = min(common_prefix(ids, have), len(ids) - 1)
             exchanges = 0 if self.context_shift else len(self.turns)  # a shift already dropped every exchange
             fixes = context_fixes(common, len(ids) - common, 1, S, chat=True, exchanges=exchanges)
             raise GenerationError(does_not_fit(common, len(ids) - common, 1, S, fixes))
         if dropped and on_shift is not None:
             on_shift(dropped, dropped_tokens, len(ids))
         new = min(self.max_new_tokens, room)
-        if common < len(have):
-            self.conversation.rewind(len(have) - common)
-        chosen: list[int] = []
-        clock = {"first": 0.0, "last": 0.0, "caller": 0.0}
-        eos = self.runner.metadata.eos_ids
-
-        def seen(token: int) -> None:
-            now = time.perf_counter()
-            chosen.append(token)
-            clock["first"] = clock["first"] or now
+        common = self.conversation.keep_prefix(ids)  # at least one token runs: its logits start the reply
+        generation = self.conversation.begin(ids[common:], max_new_tokens=new, sampling=self.sampling)
+        while not generation.done:
+            token = generation.advance()
+            if token is None:
+                continue
             if on_token is not None:
                 on_token(token)
-                clock["caller"] += time.perf_counter() - now
-            clock["last"] = time.perf_counter()
-            if stop is not None and token not in eos and len(chosen) < new and stop():
-                raise _Stopped
-
-        started = time.perf_counter()
-        try:
-            result = self.conversation.generate(ids[common:], max_new_tokens=new, sampling=self.sampling, on_token=seen)
-            stopped = "context" if result.stopped == "length" and new < self.max_new_tokens else result.stopped
-        except _Stopped:  # the tokens chosen are in the conversation, the last one pending: a shorter reply
-            decode_s = clock["last"] - clock["first"] - clock["caller"]
-            result = GenerationResult(
-                prompt_ids=tuple(ids[common:]),
-                token_ids=tuple(chosen),
-                prefill_ms=(clock["first"] - started) * 1e3,
-                decode_tokens_per_s=(len(chosen) - 1) / decode_s if len(chosen) > 1 and decode_s > 0 else 0.0,
-                stopped="interrupted",
-            )
-            stopped = "interrupted"
-        # the runner's text ends before a stop string; an interrupted reply's is decoded here
-        reply = result.text if result.text is not None else str(self.runner.decode_text(result.token_ids))
+            if stop is not None and not generation.done and stop():
+                generation.cancel("interrupted")  # the tokens chosen stay, the last one pending: a shorter reply
+        result = generation.result()
+        stopped = "context" if result.stopped == "length" and new < self.max_new_tokens else result.stopped
+        reply = result.text if result.text is not None else str(self.runner.decode_text(result.token_ids))  # ends before a stop string
         if dropped:
             self._shifted(dropped, candidate[:-1], ids)
         self.turns.append((len(candidate) - 1, common))
@@ -312,8 +279,8 @@ class ChatSession:
 
 
 def chat_runner(runner: object) -> HfStaticRunner:
-    """``runner`` as the :class:`~etsdk_hf_static.runner.HfStaticRunner` a chat needs (the tokenizer's chat template)."""
-    from etsdk_hf_static.runner import HfStaticRunner
+    """``runner`` as the :class:`~etsdk_hf_static.runtime.runner.HfStaticRunner` a chat needs (the tokenizer's chat template)."""
+    from etsdk_hf_static.runtime.runner import HfStaticRunner
 
     if not isinstance(runner, HfStaticRunner):
         raise EtsdkError(

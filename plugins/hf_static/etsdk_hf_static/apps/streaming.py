@@ -3,7 +3,7 @@
 A :class:`TextStream` is an ``on_token`` callback. It decodes every id so far (a character may span tokens)
 and prints what is new, except text that might still turn out to be a stop string: a stop string is never
 printed, nor is the start of one until the next token shows it is not one (the rules of
-:func:`~etsdk_hf_static.sampling.find_stop` and :func:`~etsdk_hf_static.sampling.held_back`, which the
+:func:`~etsdk_hf_static.runtime.stops.visible_text`, which the
 conversation stops by). :meth:`TextStream.finish` prints the rest of the final text and ends the line.
 
 Importing this module is cheap (no torch): the command line uses it before anything heavy loads.
@@ -14,38 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
-__all__ = ["TextStream", "cut_at_stop", "decode_rate", "find_stop", "held_back"]
+from etsdk_hf_static.runtime.stops import cut_at_stop, visible_text
 
-
-def find_stop(text: str, stops: Sequence[str], start: int = 0) -> int | None:
-    """Where the earliest stop string in ``text`` begins, among matches that end after ``start``; None if none.
-
-    ``start``: the length of the text already searched (no stop string ended inside it, or generation would
-    have stopped there); a match may begin before it (a stop string completed by the newest token).
-    """
-    found = None
-    for stop in stops:
-        index = text.find(stop, max(0, start - len(stop) + 1))
-        if index >= 0 and (found is None or index < found):
-            found = index
-    return found
-
-
-def held_back(text: str, stops: Sequence[str]) -> int:
-    """How many characters at the end of ``text`` may be the start of a stop string (not to be shown yet)."""
-    longest = 0
-    for stop in stops:
-        for size in range(min(len(stop) - 1, len(text)), longest, -1):
-            if text.endswith(stop[:size]):
-                longest = size
-                break
-    return longest
-
-
-def cut_at_stop(text: str, stops: Sequence[str]) -> str:
-    """``text`` up to its first stop string (all of it when it holds none)."""
-    cut = find_stop(text, stops)
-    return text if cut is None else text[:cut]
+__all__ = ["TextStream", "decode_rate"]
 
 
 def decode_rate(result: Any) -> str:
@@ -75,12 +46,7 @@ class TextStream:
     def __call__(self, token: int) -> None:
         self.ids.append(token)
         text = str(self.decode(self.ids))
-        cut = find_stop(text, self.stops)
-        if cut is not None:
-            text = text[:cut]
-        else:
-            # not yet: the start of a stop string, or an incomplete character (decoded as U+FFFD so far)
-            text = text[: len(text) - held_back(text, self.stops)].rstrip("\ufffd")
+        text = visible_text(text, self.stops)
         self._show(text)
 
     def finish(self, text: str | None = None) -> None:

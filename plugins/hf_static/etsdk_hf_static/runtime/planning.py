@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from etsdk import GenerationError
 
+from etsdk_hf_static.masks import causal_mask, slot_mask
 from etsdk_hf_static.metadata import HfStaticMetadata
-from etsdk_hf_static.module import causal_mask, slot_mask
 
 __all__ = [
     "MethodInputs",
@@ -95,7 +95,7 @@ class MethodInputs:
     """Pre-allocated engine inputs of one method, filled in place before each call (one set per conversation).
 
     ``ring``, ``window``: a version-2 (or 3) program's ring rows R and window W; its methods take a second mask, for
-    the ring caches (:func:`~etsdk_hf_static.module.slot_mask`). ``unread_window_mask``: a version-3 program without
+    the ring caches (:func:`~etsdk_hf_static.masks.slot_mask`). ``unread_window_mask``: a version-3 program without
     ring caches, whose methods take a one-column window mask they do not read.
     """
 
