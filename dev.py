@@ -43,7 +43,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 VENV = Path(os.environ.get("ETSDK_VENV", ROOT / ".venv"))
 PINNED = ["torch==2.13.0", "executorch==1.5.1"]
-TOOLS = ["setuptools>=68", "wheel", "pytest>=8", "hypothesis>=6", "pluggy>=1.5", "packaging>=23", "transformers==5.23.0", "onnx==1.23.2", "onnxscript==0.7.2", "onnxruntime==1.32.0", "gguf==0.19.0", "blake3==1.0.11", "ruff", "mypy"]
+TOOLS = ["setuptools>=68", "wheel", "pytest>=8", "hypothesis>=6", "pluggy>=1.5", "packaging>=23", "transformers==5.23.0", "onnx==1.23.2", "onnxscript==0.7.2", "onnxruntime==1.32.0", "gguf==0.19.0", "blake3==1.0.11", "openai==3.63.0", "ruff", "mypy"]
+#: each plugin's extras dev.py installs (etsdk-hf-static[serve]: etsdk serve's Starlette and uvicorn)
+EXTRAS = {"hf_static": "[serve]"}
 
 
 # What `lint` checks (it ran inside the test suite before, as tests/test_lint.py).
@@ -62,6 +64,7 @@ FAST = [
     "plugins/aoti/tests/test_threads.py",
     "plugins/aoti/tests/test_kernel_check.py",  # every kernel level compiles (syntax only, seconds); qemu runs are slow
     "plugins/tensorrt/tests/test_trt_units.py",
+    "plugins/hf_static/tests/test_hf_serve_protocol.py",  # etsdk serve's request checks, no server
 ]
 
 
@@ -112,7 +115,7 @@ def setup() -> None:
             venv.create(VENV, with_pip=True)
         pip = [_bin("python"), "-m", "pip", "--disable-pip-version-check", "install", "--progress-bar", "off"]
         _run(*pip, *PINNED, *TOOLS)
-        editable = [arg for p in [ROOT, *_plugins()] for arg in ("-e", p)]
+        editable = [arg for p in [ROOT, *_plugins()] for arg in ("-e", f"{p}{EXTRAS.get(p.name, '')}")]
         _run(*pip, "--no-build-isolation", *editable)
         stamp.write_text(fingerprint)
     _cross_tools()
@@ -236,7 +239,7 @@ def main(argv: list[str]) -> int:
         return 2
     setup()
     if command == "demo":
-        return subprocess.run([str(_bin("python")), "-m", "etsdk_hf_static.demo", *argv[1:]]).returncode
+        return subprocess.run([str(_bin("python")), "-m", "etsdk_hf_static.apps.demo", *argv[1:]]).returncode
     if command == "test":
         return test(argv[1:])
     if command == "lint":

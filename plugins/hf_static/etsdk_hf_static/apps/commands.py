@@ -507,6 +507,18 @@ def run_chat(args: argparse.Namespace) -> int:
         return 130
 
 
+def _configure_serve(parser: argparse.ArgumentParser) -> None:
+    from etsdk_hf_static.apps.serve.command import configure_serve
+
+    configure_serve(parser)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from etsdk_hf_static.apps.serve.command import run_serve
+
+    return run_serve(args)
+
+
 COMMANDS = (
     CommandSpec(
         name="export",
@@ -520,6 +532,13 @@ COMMANDS = (
         help="generate with a program through its contract's runner",
         configure=configure_generate,
         run=run_generate,
+        quiet=True,
+    ),
+    CommandSpec(
+        name="serve",
+        help="serve a program over HTTP with the OpenAI API (chat, completions, streaming; needs etsdk-hf-static[serve])",
+        configure=_configure_serve,
+        run=_run_serve,
         quiet=True,
     ),
     CommandSpec(

@@ -1,0 +1,317 @@
+"""The server's engine: session slots over one program, a bounded queue, and requests interleaved step by step.
+
+One thread (the engine's) owns the program and every slot. Each slot is a
+:class:`~etsdk_hf_static.runtime.conversation.Conversation` (its own caller-owned caches) that keeps its tokens
+between requests. A request (:class:`Job`) waits in a bounded queue (full: :class:`~.protocol.RequestError` 503)
+until a slot is free; then:
+
+* **prefix reuse**: the slot whose tokens share the longest prefix with the request's is chosen; when that slot is
+  busy, an idle slot becomes a fork of it (a copy of its state), so no request's slot is ever taken from it; the
+  conversation keeps that prefix (:meth:`~etsdk_hf_static.runtime.conversation.Conversation.keep_prefix`) and
+  only the rest is prefilled;
+* **interleaving**: every active request advances by one call per round (one prefill chunk or one decode step:
+  :class:`~etsdk_hf_static.runtime.conversation.Generation`), so a long reply holds back another request's first
+  token by at most a step per active request.
+
+Events go back to the request's own event loop thread-safely (``emit``). A cancelled job (the client left) stops
+before its next step and frees its slot. Nothing here knows HTTP.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from etsdk import EtsdkError, GenerationError, Sampling
+
+from etsdk_hf_static.apps.serve.metrics import Metrics
+from etsdk_hf_static.apps.serve.protocol import RequestError
+from etsdk_hf_static.runtime.conversation import Conversation, Generation, common_prefix
+from etsdk_hf_static.runtime.model import LoadedModel
+from etsdk_hf_static.runtime.stops import visible_text
+
+__all__ = ["Engine", "Job", "Outcome", "Started"]
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """A job got its slot: prompt tokens reused from the slot (or its fork), rows the prompt's calls write."""
+
+    cached_tokens: int
+    prefill_tokens: int
+    slot: int
+    forked: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How a job ended: ``stopped`` (``eos``, ``stop``, ``length``, ``cancelled``), its text and token counts."""
+
+    text: str
+    stopped: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int  # prompt tokens whose cache rows were reused, not computed again
+    prefill_tokens: int  # rows the prompt's calls wrote (its new tokens, and a pending one)
+    slot: int
+    forked: bool
+
+
+@dataclass(eq=False)
+class Job:
+    """One request: the whole prompt's ids, how many tokens at most, how to sample; ``emit`` receives its events.
+
+    Events: ``("start", Started)`` when it gets a slot, ``("text", str)`` for each piece of visible text, then ``("done", Outcome)`` or ``("error",
+    RequestError)``. ``emit`` is called on the engine's thread; it must hand the event over and return.
+    """
+
+    ids: tuple[int, ...]
+    max_tokens: int
+    sampling: Sampling
+    emit: Callable[[tuple[str, Any]], None]
+    submitted: float = field(default_factory=time.perf_counter)
+    cancelled: bool = False
+
+    def cancel(self) -> None:
+        """Stop before the next step (any thread); the slot is freed then."""
+        self.cancelled = True
+
+
+@dataclass(eq=False)
+class _Slot:
+    index: int
+    conversation: Conversation
+    job: Job | None = None
+    generation: Generation | None = None
+    used: int = 0  # when a request last ended here (a counter): the least recently used slot is reused first
+    shown: str = ""
+    cached: int = 0
+    forked: bool = False
+    first: float = 0.0
+
+
+class Engine:
+    """``slots`` conversations of ``model`` and a queue of at most ``queue`` waiting requests; call :meth:`start`."""
+
+    def __init__(
+        self, model: LoadedModel, *, slots: int, queue: int, metrics: Metrics, session_dir: Path | None = None,
+        log: Callable[[str], None] = lambda line: None,
+    ) -> None:
+        if slots < 1 or queue < 0:
+            raise EtsdkError(f"the server needs at least one slot and a queue of 0 or more, found {slots} / {queue}")
+        self.model = model
+        self.metrics = metrics
+        self.queue_limit = queue
+        self.session_dir = session_dir
+        self._log = log
+        self._slots = [_Slot(i, Conversation(model)) for i in range(slots)]
+        self._waiting: collections.deque[Job] = collections.deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._clock = 0
+        self._thread = threading.Thread(target=self._run, name="etsdk-serve-engine", daemon=True)
+        if session_dir is not None:
+            self._load_slots(session_dir)
+
+    # ------------------------------------------------------------------ outside the engine's thread
+
+    @property
+    def slot_bytes(self) -> int:
+        """Bytes of caller-owned state one slot holds (its caches and counters)."""
+        state = self._slots[0].conversation.session.state
+        return sum(int(t.numel()) * int(t.element_size()) for t in state.values())
+
+    @property
+    def slots(self) -> int:
+        return len(self._slots)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, job: Job) -> None:
+        """Queue ``job``; a :class:`RequestError` 503 (with ``Retry-After``) when the queue is full or closing."""
+        with self._cond:
+            if self._stopping:
+                raise RequestError("the server is shutting down", status=503, kind="server_error",
+                                   headers={"Retry-After": "5"})
+            busy = sum(s.job is not None for s in self._slots)
+            if busy == len(self._slots) and len(self._waiting) >= self.queue_limit:
+                self.metrics.count("rejected_total")
+                raise RequestError(
+                    f"every slot is busy ({len(self._slots)}) and the queue is full ({self.queue_limit} waiting); "
+                    "retry later", status=503, kind="server_error", code="server_busy", headers={"Retry-After": "1"},
+                )
+            self._waiting.append(job)
+            self.metrics.set("queue_depth", len(self._waiting))
+            self._cond.notify()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Finish the requests in flight (up to ``timeout`` seconds, then cancel them), save the slots, stop."""
+        with self._cond:
+            self._stopping = True
+            for job in self._waiting:
+                job.emit(("error", RequestError("the server is shutting down", status=503, kind="server_error")))
+            self._waiting.clear()
+            self._cond.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                for slot in self._slots:
+                    if slot.job is not None:
+                        slot.job.cancel()
+                self._thread.join(5.0)
+        if self.session_dir is not None and not self._thread.is_alive():
+            self._save_slots(self.session_dir)
+
+    # ------------------------------------------------------------------ the engine's thread
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._waiting and not self._active() and not self._stopping:
+                    self._cond.wait()
+                if self._stopping and not self._active():
+                    return
+                starting: list[Job] = []
+                free = sum(s.job is None for s in self._slots)
+                while self._waiting and len(starting) < free:
+                    job = self._waiting.popleft()
+                    if not job.cancelled:
+                        starting.append(job)
+                self.metrics.set("queue_depth", len(self._waiting))
+            for job in starting:
+                self._start(job)
+            for slot in self._active():
+                self._step(slot)
+            self.metrics.set("slots_busy", len(self._active()))
+
+    def _active(self) -> list[_Slot]:
+        return [s for s in self._slots if s.job is not None]
+
+    def _choose(self, ids: Sequence[int]) -> tuple[_Slot, bool]:
+        """The slot for ``ids``: the idle one that keeps the most of its rows for them (then the least recently
+        used: an empty slot before one holding a conversation), or an idle one made a fork of a busy slot that keeps
+        more."""
+        idle = [s for s in self._slots if s.job is None]
+        best = max(idle, key=lambda s: (self._reuse(ids, s), -s.used))
+        busy = [s for s in self._slots if s.job is not None]
+        donor = max(busy, key=lambda s: self._reuse(ids, s), default=None)
+        if donor is not None and self._reuse(ids, donor) > max(self._reuse(ids, best), 0):
+            target = min(idle, key=lambda s: s.used)
+            target.conversation = donor.conversation.fork()
+            return target, True
+        return best, False
+
+    @staticmethod
+    def _reuse(ids: Sequence[int], slot: _Slot) -> int:
+        """Cache rows of ``slot`` a request for ``ids`` keeps (the last token kept is written again, so a shared
+        first token alone keeps none)."""
+        return max(min(common_prefix(ids, slot.conversation.tokens), len(ids) - 1) - 1, 0)
+
+    def _start(self, job: Job) -> None:
+        slot, forked = self._choose(job.ids)
+        conversation = slot.conversation
+        try:
+            kept = conversation.keep_prefix(job.ids)
+        except GenerationError:  # a conversation whose history is unknown: start it afresh
+            conversation.reset()
+            kept = 0
+        try:
+            generation = conversation.begin(job.ids[kept:], max_new_tokens=job.max_tokens, sampling=job.sampling)
+        except GenerationError as exc:
+            job.emit(("error", RequestError(str(exc), code="context_length_exceeded")))
+            return
+        slot.job, slot.generation, slot.shown, slot.forked = job, generation, "", forked
+        slot.cached = conversation.position  # rows kept: a sliding-window rewind may have to write them again
+        slot.first = 0.0
+        self.metrics.count("prompt_tokens_total", len(job.ids))
+        self.metrics.count("prefill_tokens_total", generation.prompt_rows)
+        if slot.cached:
+            self.metrics.count("prefix_cache_hits_total")
+            self.metrics.count("prefix_cache_tokens_total", slot.cached)
+        if forked:
+            self.metrics.count("slot_forks_total")
+        job.emit(("start", Started(slot.cached, generation.prompt_rows, slot.index, forked)))
+
+    def _step(self, slot: _Slot) -> None:
+        job, generation = slot.job, slot.generation
+        assert job is not None and generation is not None
+        if job.cancelled:
+            generation.cancel("cancelled")
+            self.metrics.count("cancelled_total")
+            self._finish(slot)
+            return
+        try:
+            token = generation.advance()
+        except Exception as exc:  # the program or the sampler failed: this request fails, the server goes on
+            self._log(f"request failed on slot {slot.index}: {type(exc).__name__}: {exc}")
+            job.emit(("error", RequestError(f"generation failed: {exc}", status=500, kind="server_error")))
+            slot.conversation.reset()
+            self._release(slot)
+            return
+        if token is None:
+            return
+        if not slot.first:
+            slot.first = time.perf_counter()
+            self.metrics.observe("time_to_first_token_seconds", slot.first - job.submitted)
+        self.metrics.count("completion_tokens_total")
+        stops = job.sampling.stop
+        shown = visible_text(self.model.decode_text(generation.tokens), stops, final=generation.done)
+        if len(shown) > len(slot.shown):
+            job.emit(("text", shown[len(slot.shown) :]))
+            slot.shown = shown
+        if generation.done:
+            self._finish(slot)
+
+    def _finish(self, slot: _Slot) -> None:
+        job, generation = slot.job, slot.generation
+        assert job is not None and generation is not None
+        result = generation.result()
+        if len(result.token_ids) > 1:
+            self.metrics.count("decode_seconds_total", (len(result.token_ids) - 1) / max(result.decode_tokens_per_s, 1e-9))
+            self.metrics.count("decode_tokens_total", len(result.token_ids) - 1)
+        job.emit(("done", Outcome(
+            text=result.text if result.text is not None else slot.shown, stopped=generation.stopped or "length",
+            prompt_tokens=len(job.ids), completion_tokens=len(result.token_ids), cached_tokens=slot.cached,
+            prefill_tokens=generation.prompt_rows, slot=slot.index, forked=slot.forked,
+        )))
+        self._release(slot)
+
+    def _release(self, slot: _Slot) -> None:
+        self._clock += 1
+        slot.job, slot.generation, slot.used = None, None, self._clock
+
+    # ------------------------------------------------------------------ --session-dir
+
+    def _load_slots(self, directory: Path) -> None:
+        from etsdk import EtsdkError as Refused
+
+        for slot in self._slots:
+            path = directory / f"slot-{slot.index}.safetensors"
+            if not path.is_file():
+                continue
+            try:
+                slot.conversation.load(path)
+            except Refused as exc:  # another model, another S, a damaged file: the slot starts empty
+                self._log(f"{path}: not restored ({exc})")
+                slot.conversation.reset()
+                continue
+            self._log(f"restored slot {slot.index} from {path} ({len(slot.conversation.tokens)} tokens)")
+
+    def _save_slots(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        for slot in self._slots:
+            if not slot.conversation.tokens:
+                continue
+            path = directory / f"slot-{slot.index}.safetensors"
+            partial = path.with_name(f"slot-{slot.index}.partial.safetensors")
+            try:
+                slot.conversation.save(partial)
+                partial.replace(path)  # a file is replaced only by a whole one
+            except (OSError, EtsdkError) as exc:
+                self._log(f"slot {slot.index} not saved to {path}: {exc}")
