@@ -35,7 +35,7 @@ def test_installed_plugins_are_listed_with_status(site: PluginSite) -> None:
     assert listed["reference"]["backends"] == ["EtsdkReferenceBackend"]
     assert listed["aoti"]["distribution"] == "etsdk-aoti"
     assert listed["hf_static"]["runners"] == ["hf_static"]  # the runner for the core's hf_static contract
-    assert listed["hf_static"]["commands"] == ["export", "generate", "chat"]  # the LLM application's commands
+    assert listed["hf_static"]["commands"] == ["export", "generate", "chat", "serve"]  # the LLM application's commands
     assert "hf_static" in listed["core"]["contracts"]
     trt = listed["tensorrt"]
     assert trt["status"] == "unavailable"

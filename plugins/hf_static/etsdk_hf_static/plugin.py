@@ -3,7 +3,7 @@
 The ``hf_static`` contracts (v1, v2 with sliding-window layers, v3 with int8 caches) are data shipped with the
 core (``contracts/hf_static/<version>.json``); this plugin provides their runner and their
 exporter, and the command-line application over them: ``etsdk export``,
-``etsdk generate`` and ``etsdk chat`` (:mod:`etsdk_hf_static.apps.commands`).
+``etsdk generate``, ``etsdk chat`` and ``etsdk serve`` (:mod:`etsdk_hf_static.apps.commands`).
 """
 
 from __future__ import annotations

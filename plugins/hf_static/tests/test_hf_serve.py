@@ -378,3 +378,25 @@ def test_sigterm_drains_the_request_in_flight_and_slots_survive_a_restart(
         # the restarted server continues the chat from its saved slot: the first turn is not computed again
         assert int(answer.headers["x-etsdk-cached-tokens"]) >= len(local.chat_prompt_ids(first)) - 1
         assert answer.json()["choices"][0]["message"]["content"] == _greedy(local, local.chat_prompt_ids(second), 3)[1]
+
+
+def test_a_prefix_held_by_a_busy_slot_is_forked_not_waited_for(server: Server, local: HfStaticRunner) -> None:
+    client = server.client()
+    shared = "a shared beginning that is long"
+    before = server.metrics()
+    long = client.completions.create(model="chat", prompt=shared, max_tokens=80, temperature=0, stream=True,
+                                     extra_body={"ignore_eos": True})
+    chunks = iter(long)
+    next(chunks)  # the long request holds its slot now, its prompt written
+    with httpx.Client(timeout=120) as http:
+        answer = http.post(f"{server.url}/v1/completions",
+                           json={"prompt": shared + " and more", "max_tokens": 3, "temperature": 0, "ignore_eos": True})
+    assert answer.status_code == 200, answer.text
+    rest = list(chunks)
+    assert rest[-1].choices[0].finish_reason == "length"
+    ids = local.encode(shared, bos=True)
+    assert int(answer.headers["x-etsdk-cached-tokens"]) >= len(ids) - 1  # the busy slot's prompt rows, copied
+    after = server.metrics()
+    assert after["etsdk_slot_forks_total"] == before.get("etsdk_slot_forks_total", 0) + 1
+    assert answer.json()["choices"][0]["text"] == _greedy(local, local.encode(shared + " and more", bos=True), 3,
+                                                          ignore_eos=True)[1]

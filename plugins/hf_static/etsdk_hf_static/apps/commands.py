@@ -1,4 +1,4 @@
-"""The command-line application over hf_static programs: ``etsdk export``, ``etsdk generate``, ``etsdk chat``.
+"""The command-line application over hf_static programs: ``etsdk export``, ``etsdk generate``, ``etsdk chat``, ``etsdk serve``.
 
 Registered through the ``etsdk_register_commands`` hook (:mod:`etsdk_hf_static.plugin`): the core's command
 line adds a subparser per :class:`etsdk.CommandSpec` and calls its ``run``. Importing this module is cheap
@@ -535,17 +535,17 @@ COMMANDS = (
         quiet=True,
     ),
     CommandSpec(
-        name="serve",
-        help="serve a program over HTTP with the OpenAI API (chat, completions, streaming; needs etsdk-hf-static[serve])",
-        configure=_configure_serve,
-        run=_run_serve,
-        quiet=True,
-    ),
-    CommandSpec(
         name="chat",
         help="chat with a program (the tokenizer's chat template; /help lists the commands)",
         configure=configure_chat,
         run=run_chat,
+        quiet=True,
+    ),
+    CommandSpec(
+        name="serve",
+        help="serve a program over HTTP with the OpenAI API (chat, completions, streaming; needs etsdk-hf-static[serve])",
+        configure=_configure_serve,
+        run=_run_serve,
         quiet=True,
     ),
 )
