@@ -145,12 +145,17 @@ def save_tiny_gguf(path: str | Path, *, types: dict[str, str] | None = None, see
     return write_llama_gguf(model, path, types=types, tokens=tokens), model
 
 
-def write_llama_gguf(model: Any, path: str | Path, *, types: dict[str, str] | None = None, tokens: list[str] | None = None) -> Path:
+def write_llama_gguf(
+    model: Any, path: str | Path, *, types: dict[str, str] | None = None, tokens: list[str] | None = None,
+    characters: bool = False,
+) -> Path:
     """Write a ``LlamaForCausalLM`` as a GGUF file as llama.cpp's converter lays it out (query / key rows in its
     rotary order), each group of tensors in ``types`` (:data:`GGUF_TYPES` keys; ``F32`` or a type the ``gguf``
     package quantizes: Q8_0, Q4_0, Q4_1, Q5_0, ...). ``tokens``: the vocabulary (default: placeholders, for
-    models run from token ids; a byte-level BPE tokenizer with no merges either way). A tied head is written
-    once, as the embedding. Needs ``gguf``."""
+    models run from token ids; a byte-level BPE tokenizer with no merges). ``characters``: ``tokens`` are single
+    characters (after ``<unk> <bos> <eos>``, the space as ``\u2581``) declared as a SentencePiece vocabulary without
+    merges or a space prefix, BOS added before a text: every text round-trips through llama.cpp's tokenizer. A tied
+    head is written once, as the embedding. Needs ``gguf``."""
     import gguf
     import numpy as np
 
@@ -175,16 +180,23 @@ def write_llama_gguf(model: Any, path: str | Path, *, types: dict[str, str] | No
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_vocab_size(vocab)
     writer.add_rope_dimension_count(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
+    if characters:
+        writer.add_tokenizer_model("llama")
+    else:
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre("default")
     writer.add_token_list(tokens)
     writer.add_token_types([gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.NORMAL] * (len(tokens) - 3))
     writer.add_token_scores([0.0] * len(tokens))
-    writer.add_token_merges(merges)
+    if not characters:
+        writer.add_token_merges(merges)
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     writer.add_unk_token_id(0)
-    writer.add_add_bos_token(False)
+    writer.add_add_bos_token(characters)
+    if characters:
+        writer.add_add_eos_token(False)
+        writer.add_add_space_prefix(False)
     writer.add_chat_template(CHAT_TEMPLATE)
 
     def value(name: str) -> Any:

@@ -11,6 +11,7 @@ context before the program's methods load.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -79,7 +80,9 @@ def check_program(record: Contract | None, infos: Mapping[str, MethodInfo]) -> H
 class LoadedModel:
     """A checked hf_static program with its ``prefill`` and ``decode`` methods loaded, and its tokenizer (or None).
 
-    Shared by any number of conversations and threads: it holds no conversation state.
+    Shared by any number of conversations and threads: it holds no conversation state, and its text methods
+    take turns on the tokenizer (a transformers fast tokenizer may change its own settings inside a call, and
+    refuses a second thread meanwhile: "Already borrowed").
     """
 
     def __init__(self, program: Program, *, tokenizer: Any = None) -> None:
@@ -91,6 +94,7 @@ class LoadedModel:
         self.methods = {method: program.load_method(method) for method in ("prefill", "decode")}
         mark("methods")
         self.tokenizer = tokenizer
+        self._text_lock = threading.RLock()
 
     def require_tokenizer(self) -> Any:
         """The tokenizer, or the error naming what to do without one."""
@@ -100,17 +104,22 @@ class LoadedModel:
 
     def encode(self, text: str, *, bos: bool) -> list[int]:
         """``text`` as token ids, after the model's BOS id when ``bos``."""
-        return encode_text(self.require_tokenizer(), text, self.metadata.bos_id if bos else None)
+        tokenizer = self.require_tokenizer()
+        with self._text_lock:
+            return encode_text(tokenizer, text, self.metadata.bos_id if bos else None)
 
     def decode_text(self, ids: Sequence[int]) -> str:
         """``ids`` as text (special tokens skipped); ids joined by spaces when there is no tokenizer."""
         if self.tokenizer is None:
             return " ".join(map(str, ids))
-        return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
+        with self._text_lock:
+            return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
 
     def chat_prompt_ids(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
         """The ids of ``messages`` (``{"role", "content"}``) through the tokenizer's chat template, ready for a reply."""
-        return chat_template_ids(self.require_tokenizer(), messages, self.metadata.vocab_size, self.program.path.name)
+        tokenizer = self.require_tokenizer()
+        with self._text_lock:
+            return chat_template_ids(tokenizer, messages, self.metadata.vocab_size, self.program.path.name)
 
 
 # ---------------------------------------------------------------------- the tokenizer, without a loaded program
