@@ -67,6 +67,7 @@ if TYPE_CHECKING:
     from etsdk._state.snapshot import Snapshot
 
 _moved.install()
+serve_moved_modules = _moved.serve_moved_modules
 
 _LAZY = {
     "InitContext": "etsdk._runtime.bridge",
@@ -117,6 +118,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "PLUGIN_API_VERSION",
+    "serve_moved_modules",
     "Availability",
     "BackendError",
     "BackendNotFoundError",

@@ -22,9 +22,9 @@ import importlib.machinery
 import sys
 import types
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-__all__ = ["MOVED", "PLUGIN_DISTRIBUTIONS", "install"]
+__all__ = ["MOVED", "PLUGIN_DISTRIBUTIONS", "install", "serve_moved_modules"]
 
 #: old module -> (new module, where its public names are imported from now)
 MOVED: dict[str, tuple[str, str]] = {
@@ -116,6 +116,23 @@ class _Finder(importlib.abc.MetaPathFinder):
         return importlib.machinery.ModuleSpec(
             fullname, _Alias(fullname, *moved), is_package=fullname == "etsdk.backends"
         )
+
+
+def serve_moved_modules(moves: Mapping[str, tuple[str, str]]) -> None:
+    """Keep a plugin's old module paths importable: ``{old: (new, public)}``.
+
+    ``import old`` then gives the module ``new``, once, with a DeprecationWarning saying to import its public
+    names from ``public``. For a plugin that moved its own modules (call it from its package's ``__init__``, which
+    runs before any of its submodules is imported). An old path that is also a module of its own is refused: the
+    table would hide it.
+    """
+    for old, target in moves.items():
+        if not (isinstance(old, str) and isinstance(target, tuple) and len(target) == 2 and all(isinstance(t, str) for t in target)):
+            raise TypeError(f"serve_moved_modules takes {{old: (new, public)}} module names, found {old!r}: {target!r}")
+        if old in MOVED and MOVED[old] != target:
+            raise ValueError(f"{old} is already served as {MOVED[old][0]}, not {target[0]}")
+    MOVED.update(moves)
+    install()
 
 
 def install() -> None:

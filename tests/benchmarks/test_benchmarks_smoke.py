@@ -19,6 +19,13 @@ BENCHMARKS = ROOT / "benchmarks"
 
 #: script -> the keys its last stdout line must contain (benchmarks/README.md documents them)
 EXPECTED_KEYS: dict[str, set[str]] = {
+    "serve_vs_llama_server": {
+        "etsdk_ttft_ms", "etsdk_decode_tokens_per_s", "etsdk_concurrent_ttft_ms", "etsdk_concurrent_aggregate_tokens_per_s",
+        "etsdk_turn_ttft_ms", "etsdk_turn_cached_fraction", "llama_cpp_ttft_ms", "llama_cpp_decode_tokens_per_s",
+        "llama_cpp_concurrent_aggregate_tokens_per_s", "llama_cpp_turn_ttft_ms", "etsdk_vs_llama_cpp_decode_tokens_per_s",
+        "etsdk_vs_llama_cpp_ttft_ms", "etsdk_vs_llama_cpp_turn_ttft_ms", "prompt_ids_identical", "llama_cpp_parallel",
+        "cpu", "kernel_level", "threads", "errors", "etsdk_exit_codes",
+    },
     "bridge_overhead": {
         "us_per_call_bridge",
         "us_per_call_peer",
@@ -163,7 +170,7 @@ VARIANT_KEYS = {
 }
 
 #: scripts that take a working directory for what they write (the others write only to temporary directories)
-WORKDIR_FLAG = {"hf_static_decode": "--workdir"}
+WORKDIR_FLAG = {"hf_static_decode": "--workdir", "serve_vs_llama_server": "--workdir"}
 
 SCRIPTS = sorted({p.stem for p in BENCHMARKS.glob("*.py")} | set(EXPECTED_KEYS))
 #: further smoke runs of one script with other flags: (script, flags), each its own test

@@ -11,6 +11,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from etsdk import serve_moved_modules
+
+#: the modules of the flat layout before exporting/, runtime/ and apps/ (etsdk-hf-static 0.1 previews)
+_MOVED = {
+    **{f"etsdk_hf_static.{m}": f"etsdk_hf_static.exporting.{m}" for m in ("exporter", "module", "attention", "meta_build", "gguf_import", "tiny")},
+    **{f"etsdk_hf_static.{m}": f"etsdk_hf_static.runtime.{m}" for m in ("runner", "conversation", "planning", "fitting", "sampling", "startup")},
+    **{f"etsdk_hf_static.{m}": f"etsdk_hf_static.apps.{m}" for m in ("commands", "chat", "streaming", "demo")},
+}
+serve_moved_modules({old: (new, new) for old, new in _MOVED.items()})
+
 if TYPE_CHECKING:
     from etsdk_hf_static.exporting.exporter import export
     from etsdk_hf_static.metadata import HfStaticMetadata, MetadataError

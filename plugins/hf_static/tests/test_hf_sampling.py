@@ -325,3 +325,54 @@ def test_the_early_refusal_counts_and_words_without_torch() -> None:
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.startswith("20 prompt token(s) + 20 new token(s) = 40 cache rows, but the program's context length S is 31")
     assert "--max-new-tokens 11" in result.stdout
+
+
+# --------------------------------------------------------------------------- the one generation loop, step by step
+
+
+def test_a_generation_runs_one_call_per_advance_and_matches_generate() -> None:
+    conversation = Conversation(_Runner())  # type: ignore[arg-type]
+    generation = conversation.begin([0, 1, 2, 0, 1], max_new_tokens=6, sampling=Sampling(ignore_eos=True))
+    assert conversation.position == 0 and generation.prompt_rows == 5  # planned, nothing run
+    steps = []
+    while not generation.done:
+        steps.append(generation.advance())
+    # a full prefill chunk (T=4) chooses nothing, the padded tail chooses the first token, then one decode per token
+    assert steps[0] is None and all(t is not None for t in steps[1:]) and len(steps) == 1 + 6
+    assert generation.stopped == "length" and tuple(steps[1:]) == generation.result().token_ids
+    fresh = Conversation(_Runner()).generate([0, 1, 2, 0, 1], max_new_tokens=6, sampling=Sampling(ignore_eos=True))  # type: ignore[arg-type]
+    assert fresh.token_ids == generation.result().token_ids and fresh.text == generation.result().text
+    with pytest.raises(GenerationError, match="stopped"):
+        generation.advance()
+
+
+def test_one_generation_at_a_time_and_cancel_keeps_what_was_chosen() -> None:
+    conversation = Conversation(_Runner())  # type: ignore[arg-type]
+    generation = conversation.begin([0, 1, 2, 0, 1, 2], max_new_tokens=5, sampling=Sampling(ignore_eos=True))
+    assert generation.advance() is None  # the first chunk only
+    for refused in (lambda: conversation.begin([1]), lambda: conversation.rewind(1), lambda: conversation.prefill([1])):
+        with pytest.raises(GenerationError, match="a generation is under way"):
+            refused()
+    generation.cancel()  # the prompt's unwritten tail is forgotten: the conversation holds what its rows hold
+    assert generation.stopped == "cancelled" and conversation.tokens == (0, 1, 2, 0) and conversation.position == 4
+    again = conversation.begin([2], max_new_tokens=2, sampling=Sampling(ignore_eos=True))
+    while not again.done:
+        again.advance()
+    assert conversation.tokens == (0, 1, 2, 0, 2, *again.tokens)
+    # an exception from on_token (Ctrl-C) ends the generation; the tokens chosen stay and the conversation goes on
+    def interrupt(token: int) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        conversation.generate([1], max_new_tokens=3, on_token=interrupt)
+    assert conversation.generate([1], max_new_tokens=1).token_ids
+
+
+def test_keep_prefix_rewinds_to_the_shared_tokens() -> None:
+    conversation = Conversation(_Runner())  # type: ignore[arg-type]
+    conversation.generate([0, 1, 2, 0, 1], max_new_tokens=3, sampling=Sampling(ignore_eos=True))
+    held = conversation.tokens
+    kept = conversation.keep_prefix([*held[:6], 5, 5])
+    assert kept == 6 and conversation.tokens == held[:6] and conversation.position == 5  # the last kept one pending
+    assert conversation.keep_prefix(held[:6]) == 5  # at least one token of the request is left to run
+    assert conversation.keep_prefix([4, 4]) == 0 and conversation.tokens == ()

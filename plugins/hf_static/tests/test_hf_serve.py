@@ -138,7 +138,7 @@ def test_chat_streamed_and_not_match_generate(server: Server, local: HfStaticRun
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert streamed == text
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(tokens)
-    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("length", "stop")
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == reply.choices[0].finish_reason
 
 
 def test_completions_stop_max_tokens_and_seed(server: Server, local: HfStaticRunner) -> None:
@@ -222,7 +222,7 @@ def test_a_short_request_is_answered_while_a_long_one_streams(server: Server) ->
             long_so_far = server.metrics()["etsdk_completion_tokens_total"] - base - 2
             assert long_so_far < 110, long_so_far
             short_done_at = received
-    assert short_done_at == 3 and received > 3  # the long stream went on after the short reply came back
+    assert short_done_at is not None and received > short_done_at  # the long stream went on after the short reply
     assert usage is not None and usage.completion_tokens == 110  # and came to its end
 
 
@@ -258,6 +258,7 @@ def test_a_client_that_disconnects_frees_its_slot(chat_pte: Path) -> None:
         with httpx.Client(timeout=120) as http:
             with http.stream("POST", f"{single.url}/v1/completions",
                              json={"prompt": "a", "max_tokens": 120, "stream": True, "ignore_eos": True}) as stream:
+                assert stream.status_code == 200 and stream.headers["content-type"].startswith("text/event-stream")
                 lines = stream.iter_lines()
                 got = [next(lines) for _ in range(4)]
                 assert any(line.startswith("data: ") for line in got)
@@ -304,6 +305,12 @@ def _hostile(context_length: int) -> list[tuple[str, bytes, dict[str, str]]]:
         (completions, {"prompt": [1, True]}), (completions, {"prompt": "a", "echo": True}),
         (completions, {"prompt": "a", "best_of": 3}), (completions, {"prompt": "a", "suffix": "z"}),
         (completions, {"prompt": "a", "max_tokens": 0}),
+        (chat, b'{"messages": [{"role": "user", "content": "hi"}], "temperature": 1' + b"0" * 400 + b"}"),
+        (chat, b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1' + b"0" * 400 + b"}"),
+        (chat, b'{"model": "\\ud800", "messages": [{"role": "user", "content": "hi"}]}'),
+        (chat, b'{"\\ud800": 1, "messages": [{"role": "user", "content": "hi"}]}'),
+        (chat, b'{"messages": [{"role": "user", "content": "hi", "\\udfff": 2}]}'),
+        (completions, b'{"prompt": "\\ud800\\udfff\\ud800"}'),
     ]
     out = []
     for route, body in cases:
@@ -326,6 +333,9 @@ def test_five_hundred_hostile_requests_get_4xx_and_the_server_still_answers(serv
                 assert error["message"] and error["type"], answer.text
             statuses[answer.status_code] = statuses.get(answer.status_code, 0) + 1
         assert statuses.get(413, 0) >= 1 and statuses.get(404, 0) >= 1 and statuses.get(400, 0) >= 400
+        # a body over the limit sent in chunks, without a Content-Length: refused once the limit is passed
+        chunked = http.post(f"{server.url}/v1/chat/completions", content=(b"x" * 65536 for _ in range(32)))
+        assert chunked.status_code == 413, chunked.text
         assert http.get(f"{server.url}/health").status_code == 200
         ok = http.post(f"{server.url}/v1/completions", json={"prompt": "a", "max_tokens": 2, "ignore_eos": True})
         assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2

@@ -74,7 +74,7 @@ def test_the_probe_names_each_missing_piece(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_export_without_tensorrt_defers_the_engine_build(tmp_path: Path) -> None:
-    from etsdk_hf_static.tiny import save_tiny_model
+    from etsdk_hf_static.exporting.tiny import save_tiny_model
     from test_trt_mixed_delegates import payloads_in
 
     if _real_tensorrt_installed():

@@ -92,6 +92,7 @@ class Conversation:
         # one past the highest position any call wrote since the rows were last all written afresh (padded
         # prefill rows and rows later rewound included): what a ring cache may have overwritten
         self._written_end = 0
+        self._live: Generation | None = None  # the generation under way, if any (one at a time)
 
     # ------------------------------------------------------------------ what it holds
 
@@ -112,7 +113,9 @@ class Conversation:
         return tuple(self._tokens)
 
     def reset(self) -> None:
-        """Back to an empty context (state at its initial values, in place)."""
+        """Back to an empty context (state at its initial values, in place); a generation under way is cancelled."""
+        if self._live is not None:
+            self._live.cancel()
         self.session.reset()
         self._tokens = []
         self._position = 0
@@ -192,10 +195,14 @@ class Conversation:
         The loop is :class:`Generation`'s (:meth:`begin`), one step per ``advance``: what a server interleaves.
         """
         generation = self.begin(prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling, stop_at_eos=stop_at_eos)
-        while not generation.done:
-            token = generation.advance()
-            if token is not None and on_token is not None:
-                on_token(token)
+        try:
+            while not generation.done:
+                token = generation.advance()
+                if token is not None and on_token is not None:
+                    on_token(token)
+        except BaseException:
+            generation.cancel("interrupted")  # the tokens chosen stay; the conversation can go on
+            raise
         return generation.result()
 
     def begin(
@@ -206,7 +213,10 @@ class Conversation:
         sampling: Sampling | None = None,
         stop_at_eos: bool = True,
     ) -> Generation:
-        """A :class:`Generation` of ``prompt_ids``, checked and planned as :meth:`generate` does; nothing runs yet."""
+        """A :class:`Generation` of ``prompt_ids``, checked and planned as :meth:`generate` does; nothing runs yet.
+
+        One at a time: until it is done (or cancelled) the conversation refuses another, and a rewind or prefill.
+        """
         return Generation(self, prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling, stop_at_eos=stop_at_eos)
 
     def keep_prefix(self, ids: Sequence[int]) -> int:
@@ -246,6 +256,7 @@ class Conversation:
         meta = self._model.metadata
         ids = check_tokens(prompt_ids, meta.vocab_size)
         self._check_history("prefill")
+        self._check_idle("prefill")
         used, S = len(self._tokens), meta.context_length
         if rows_needed(used, len(ids), 0) > S:
             raise GenerationError(does_not_fit(used, len(ids), 0, S, context_fixes(used, len(ids), 0, S)))
@@ -276,6 +287,7 @@ class Conversation:
         from position 0 (a re-prefill, as a fresh conversation given them as one prompt would).
         """
         self._check_history("rewind")
+        self._check_idle("rewind")
         if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= len(self._tokens):
             raise GenerationError(
                 f"rewind takes a number of tokens in 0..{len(self._tokens)} (the conversation's length), found {count!r}"
@@ -310,6 +322,7 @@ class Conversation:
         """
         from etsdk import Snapshot, StateError
 
+        self._check_idle("restore a snapshot")
         if not isinstance(snapshot, Snapshot):
             raise StateError(f"restore() takes an etsdk Snapshot, found {type(snapshot).__name__}")
         meta = self._model.metadata
@@ -344,6 +357,10 @@ class Conversation:
         from etsdk import Snapshot
 
         return self.restore(Snapshot.load(path))
+
+    def _check_idle(self, action: str) -> None:
+        if self._live is not None:
+            raise GenerationError(f"cannot {action}: a generation is under way on this conversation; let it finish or cancel() it")
 
     def _check_history(self, action: str) -> None:
         if self._gap is not None:
@@ -383,6 +400,7 @@ class Generation:
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise GenerationError(f"max_new_tokens must be a positive integer, found {max_new_tokens!r}")
         conversation._check_history("generate")
+        conversation._check_idle("generate")
         feed = conversation.pending + prompt
         if not feed:
             raise GenerationError("the prompt is empty and the conversation has no pending token")
@@ -401,6 +419,7 @@ class Generation:
         self._generator = generator_for(sampling)
         self._before = len(conversation._tokens)
         conversation._tokens.extend(prompt)
+        conversation._live = self
         self.tokens: list[int] = []  # chosen so far
         self.stopped: str | None = None
         self._prefill_s = 0.0
@@ -430,10 +449,13 @@ class Generation:
         except BaseException:
             self._forget_unwritten()
             self.stopped = self.stopped or "error"
+            self._ended()
             raise
         self.tokens.append(token)
         conversation._tokens.append(token)  # pending until the next step writes it
         self._check_stop(token)
+        if self.stopped is not None:
+            self._ended()
         elapsed = time.perf_counter() - started
         if len(self.tokens) == 1:
             self._prefill_s += elapsed
@@ -446,6 +468,11 @@ class Generation:
         if self.stopped is None:
             self._forget_unwritten()
             self.stopped = reason
+            self._ended()
+
+    def _ended(self) -> None:
+        if self.conversation._live is self:
+            self.conversation._live = None
 
     def _forget_unwritten(self) -> None:
         conversation = self.conversation

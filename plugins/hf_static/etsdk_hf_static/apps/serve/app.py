@@ -16,7 +16,7 @@ import asyncio
 import hmac
 import json
 import sys
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,8 +113,9 @@ class _Server:
     # ------------------------------------------------------------------ routes
 
     async def health(self, request: Request) -> Response:
-        return self._json(request, {"status": "ok", "slots": self.engine.slots,
-                                    "slots_busy": int(self.metrics.value("slots_busy"))}, 200)
+        alive = self.engine.alive
+        return self._json(request, {"status": "ok" if alive else "unavailable", "slots": self.engine.slots,
+                                    "slots_busy": int(self.metrics.value("slots_busy"))}, 200 if alive else 503)
 
     async def models(self, request: Request) -> Response:
         try:
@@ -139,10 +140,7 @@ class _Server:
             body = await self._body(request)
             parsed = protocol.parse_chat(body, self.model.metadata.context_length)
             self._check_model(parsed.model)
-            try:
-                ids = self.model.chat_prompt_ids(list(parsed.messages))
-            except GenerationError as exc:
-                raise RequestError(str(exc), param="messages") from None
+            ids = await self._tokenize(lambda: self.model.chat_prompt_ids(list(parsed.messages)), "messages")
             job_options = parsed.options
         except RequestError as error:
             return self._error(request, error)
@@ -155,10 +153,8 @@ class _Server:
             parsed = protocol.parse_completion(body, self.model.metadata.context_length, self.model.metadata.vocab_size)
             self._check_model(parsed.model)
             if isinstance(parsed.prompt, str):
-                try:
-                    ids = self.model.encode(parsed.prompt, bos=True)
-                except GenerationError as exc:
-                    raise RequestError(str(exc), param="prompt") from None
+                text = parsed.prompt
+                ids = await self._tokenize(lambda: self.model.encode(text, bos=True), "prompt")
             else:
                 ids = list(parsed.prompt)
             if parsed.echo:
@@ -166,6 +162,16 @@ class _Server:
         except RequestError as error:
             return self._error(request, error)
         return await self._run(request, ids, parsed.options, chat=False)
+
+    async def _tokenize(self, work: Callable[[], list[int]], param: str) -> list[int]:
+        """``work()`` (the tokenizer) on a worker thread, so a long prompt never stalls the event loop; whatever
+        the tokenizer or the template raises is the request's fault (a 400 naming ``param``)."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(None, work)
+        except GenerationError as exc:
+            raise RequestError(str(exc), param=param) from None
+        except Exception as exc:  # a tokenizer's own error on text it cannot take (lone surrogates, ...)
+            raise RequestError(f"the tokenizer could not encode '{param}': {type(exc).__name__}", param=param) from None
 
     # ------------------------------------------------------------------ one request
 
@@ -200,15 +206,13 @@ class _Server:
                     continue  # the outcome has the text
                 if kind == "error":
                     return self._error(request, value)
-                else:
-                    outcome: Outcome = value
-                    break
+                outcome: Outcome = value
+                break
         except _Gone:
+            return self._gone(route, job)
+        except BaseException:  # cancelled (the server's drain ran out): the generation stops with the request
             job.cancel()
-            self.metrics.request(route, 499)
-            from starlette.responses import Response as Plain
-
-            return Plain(status_code=499)
+            raise
         usage = Usage(outcome.prompt_tokens, outcome.completion_tokens, outcome.cached_tokens)
         make = protocol.chat_reply if chat else protocol.completion_reply
         reply = make(rid, self.name, created, outcome.text, outcome.stopped, usage)
@@ -230,24 +234,23 @@ class _Server:
         from starlette.responses import StreamingResponse
 
         # the start decides the status: an error before it (no room, the server stopping) is an error response
+        route = request.url.path
         try:
             start = await self._next(request, events, job)
+            if start[0] == "error":
+                return self._error(request, start[1])
+            first = await self._next(request, events, job)  # a long prefill: the client may leave meanwhile
         except _Gone:
+            return self._gone(route, job)
+        except BaseException:
             job.cancel()
-            self.metrics.request(request.url.path, 499)
-            from starlette.responses import Response as Plain
-
-            return Plain(status_code=499)
-        if start[0] == "error":
-            return self._error(request, start[1])
-        route = request.url.path
-        first = await events.get()
+            raise
 
         def sse(obj: Any) -> str:
-            return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+            return f"data: {json.dumps(obj)}\n\n"
 
         async def body() -> AsyncIterator[str]:
-            ended = False
+            ended, status = False, 200
             try:
                 if chat:
                     yield sse(protocol.chat_chunk(rid, self.name, created, {"role": "assistant", "content": ""}))
@@ -258,6 +261,7 @@ class _Server:
                         yield sse(protocol.chat_chunk(rid, self.name, created, {"content": value}) if chat
                                   else protocol.completion_chunk(rid, self.name, created, value))
                     elif kind == "error":
+                        status = value.status
                         yield sse(protocol.error_body(value))
                         break
                     else:
@@ -276,7 +280,7 @@ class _Server:
             finally:
                 if not ended:  # the client went away (the response was cancelled): stop the generation
                     job.cancel()
-                self.metrics.request(route, 200 if ended else 499)
+                self.metrics.request(route, status if ended else 499)
 
         return StreamingResponse(
             body(), media_type="text/event-stream",
@@ -284,6 +288,14 @@ class _Server:
         )
 
     # ------------------------------------------------------------------ checks
+
+    def _gone(self, route: str, job: Job) -> Response:
+        """The client left before its reply: stop the generation (499, nginx's "client closed request")."""
+        from starlette.responses import Response as Plain
+
+        job.cancel()
+        self.metrics.request(route, 499)
+        return Plain(status_code=499)
 
     def _job(self, ids: list[int], options: protocol.Options) -> Job:
         meta = self.model.metadata
@@ -342,10 +354,11 @@ class _Server:
                 "X-Etsdk-Slot": str(start.slot)}
 
     def _json(self, request: Request, body: Mapping[str, Any], status: int, headers: Mapping[str, str] | None = None) -> Response:
-        from starlette.responses import JSONResponse
+        from starlette.responses import Response as Raw
 
         self.metrics.request(request.url.path if request.url.path in _ROUTES else "other", status)
-        return JSONResponse(dict(body), status_code=status, headers=dict(headers or {}))
+        # ASCII JSON: text a client sent back in a message (a lone surrogate) cannot break the encoding
+        return Raw(json.dumps(dict(body)), status_code=status, headers=dict(headers or {}), media_type="application/json")
 
     def _error(self, request: Request, error: RequestError) -> Response:
         return self._json(request, protocol.error_body(error), error.status, headers=error.headers)

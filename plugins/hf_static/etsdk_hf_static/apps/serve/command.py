@@ -71,6 +71,8 @@ def run_serve(args: argparse.Namespace) -> int:
     for flag, value, low in (("--slots", args.slots, 1), ("--queue", args.queue, 0), ("--max-body-bytes", args.max_body_bytes, 1024)):
         if value < low:
             raise EtsdkError(f"{flag} must be at least {low}, found {value}")
+    if not args.drain_seconds >= 0:
+        raise EtsdkError(f"--drain-seconds must be 0 or more, found {args.drain_seconds}")
     if not 0 <= args.port <= 65535:
         raise EtsdkError(f"--port must be in 0..65535, found {args.port}")
     sampling = sampling_from_args(args)
@@ -104,6 +106,10 @@ def run_serve(args: argparse.Namespace) -> int:
     _announce(server, args.host)
     _drain_on_signals(server)
     server.run()
+    if server.force_exit:  # a second Ctrl-C: the requests in flight were cut, the slots not saved
+        print("etsdk serve: stopped without draining (the requests in flight were cut off, no slot saved)",
+              file=sys.stderr, flush=True)
+        return 130
     return 0 if server.started else 1
 
 

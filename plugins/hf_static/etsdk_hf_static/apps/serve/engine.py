@@ -115,6 +115,8 @@ class Engine:
         self._stopping = False
         self._clock = 0
         self._thread = threading.Thread(target=self._run, name="etsdk-serve-engine", daemon=True)
+        self._started = False
+        self._failure: str | None = None
         if session_dir is not None:
             self._load_slots(session_dir)
 
@@ -130,17 +132,29 @@ class Engine:
     def slots(self) -> int:
         return len(self._slots)
 
+    @property
+    def alive(self) -> bool:
+        """Whether the engine can take requests (started or startable, not stopping, its thread not failed)."""
+        return not self._stopping and self._failure is None
+
     def start(self) -> None:
-        self._thread.start()
+        """Start the engine's thread (once; :meth:`submit` starts it too, for hosts that run no lifespan)."""
+        with self._cond:
+            if not self._thread.is_alive() and not self._started:
+                self._started = True
+                self._thread.start()
 
     def submit(self, job: Job) -> None:
-        """Queue ``job``; a :class:`RequestError` 503 (with ``Retry-After``) when the queue is full or closing."""
+        """Queue ``job``; a :class:`RequestError` 503 (with ``Retry-After``) when the slots and the queue are full,
+        the server is stopping, or the engine failed."""
+        self.start()
         with self._cond:
-            if self._stopping:
-                raise RequestError("the server is shutting down", status=503, kind="server_error",
-                                   headers={"Retry-After": "5"})
-            busy = sum(s.job is not None for s in self._slots)
-            if busy == len(self._slots) and len(self._waiting) >= self.queue_limit:
+            if self._stopping or self._failure is not None:
+                why = "the server is shutting down" if self._stopping else f"the server's engine failed: {self._failure}"
+                raise RequestError(why, status=503, kind="server_error", headers={"Retry-After": "5"})
+            self._waiting = collections.deque(j for j in self._waiting if not j.cancelled)  # clients that left
+            free = sum(s.job is None for s in self._slots)
+            if len(self._waiting) >= free + self.queue_limit:
                 self.metrics.count("rejected_total")
                 raise RequestError(
                     f"every slot is busy ({len(self._slots)}) and the queue is full ({self.queue_limit} waiting); "
@@ -155,11 +169,11 @@ class Engine:
         with self._cond:
             self._stopping = True
             for job in self._waiting:
-                job.emit(("error", RequestError("the server is shutting down", status=503, kind="server_error")))
+                job.emit(("error", _closing()))
             self._waiting.clear()
             self._cond.notify()
         if self._thread.is_alive():
-            self._thread.join(timeout)
+            self._thread.join(max(timeout, 0.0))
             if self._thread.is_alive():
                 for slot in self._slots:
                     if slot.job is not None:
@@ -171,6 +185,20 @@ class Engine:
     # ------------------------------------------------------------------ the engine's thread
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # a bug of the engine itself: answer everyone, refuse what comes next
+            self._log(f"the engine stopped: {type(exc).__name__}: {exc}")
+            with self._cond:
+                self._failure = f"{type(exc).__name__}: {exc}"
+                failed = [*self._waiting, *(s.job for s in self._slots if s.job is not None)]
+                self._waiting.clear()
+            for job in failed:
+                job.emit(("error", RequestError(f"the server's engine failed: {self._failure}", status=500,
+                                                kind="server_error")))
+            raise
+
+    def _loop(self) -> None:
         while True:
             with self._cond:
                 while not self._waiting and not self._active() and not self._stopping:
@@ -181,14 +209,30 @@ class Engine:
                 free = sum(s.job is None for s in self._slots)
                 while self._waiting and len(starting) < free:
                     job = self._waiting.popleft()
-                    if not job.cancelled:
+                    if job.cancelled:
+                        self.metrics.count("cancelled_total")
+                    else:
                         starting.append(job)
                 self.metrics.set("queue_depth", len(self._waiting))
             for job in starting:
-                self._start(job)
+                self._guarded(job, None, self._start)
             for slot in self._active():
-                self._step(slot)
+                self._guarded(slot.job, slot, self._step)
             self.metrics.set("slots_busy", len(self._active()))
+
+    def _guarded(self, job: Job | None, slot: _Slot | None, action: Callable[..., None]) -> None:
+        """``action(slot or job)``; what it raises fails that job alone (500), its slot reset and freed."""
+        try:
+            action(slot if slot is not None else job)
+        except Exception as exc:
+            self._log(f"a request failed{f' on slot {slot.index}' if slot else ''}: {type(exc).__name__}: {exc}")
+            if job is not None:
+                job.emit(("error", RequestError(f"generation failed: {type(exc).__name__}: {exc}", status=500,
+                                                kind="server_error")))
+            for held in self._slots:
+                if held.job is job and job is not None:
+                    held.conversation.reset()
+                    self._release(held)
 
     def _active(self) -> list[_Slot]:
         return [s for s in self._slots if s.job is not None]
@@ -209,9 +253,11 @@ class Engine:
 
     @staticmethod
     def _reuse(ids: Sequence[int], slot: _Slot) -> int:
-        """Cache rows of ``slot`` a request for ``ids`` keeps (the last token kept is written again, so a shared
-        first token alone keeps none)."""
-        return max(min(common_prefix(ids, slot.conversation.tokens), len(ids) - 1) - 1, 0)
+        """Written cache rows of ``slot`` a request for ``ids`` keeps (the last token kept is written again, so a
+        shared first token alone keeps none; a busy slot's prompt not yet written counts for nothing)."""
+        conversation = slot.conversation
+        kept = min(common_prefix(ids, conversation.tokens), len(ids) - 1)
+        return max(min(kept - 1, conversation.position), 0)
 
     def _start(self, job: Job) -> None:
         slot, forked = self._choose(job.ids)
@@ -246,14 +292,7 @@ class Engine:
             self.metrics.count("cancelled_total")
             self._finish(slot)
             return
-        try:
-            token = generation.advance()
-        except Exception as exc:  # the program or the sampler failed: this request fails, the server goes on
-            self._log(f"request failed on slot {slot.index}: {type(exc).__name__}: {exc}")
-            job.emit(("error", RequestError(f"generation failed: {exc}", status=500, kind="server_error")))
-            slot.conversation.reset()
-            self._release(slot)
-            return
+        token = generation.advance()  # what it raises fails this request alone (_guarded)
         if token is None:
             return
         if not slot.first:
@@ -283,6 +322,8 @@ class Engine:
         self._release(slot)
 
     def _release(self, slot: _Slot) -> None:
+        if slot.generation is not None and not slot.generation.done:
+            slot.generation.cancel("error")
         self._clock += 1
         slot.job, slot.generation, slot.used = None, None, self._clock
 
@@ -306,12 +347,17 @@ class Engine:
     def _save_slots(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         for slot in self._slots:
-            if not slot.conversation.tokens:
-                continue
             path = directory / f"slot-{slot.index}.safetensors"
+            if not slot.conversation.tokens:
+                path.unlink(missing_ok=True)  # an empty slot: no older conversation comes back in its place
+                continue
             partial = path.with_name(f"slot-{slot.index}.partial.safetensors")
             try:
                 slot.conversation.save(partial)
                 partial.replace(path)  # a file is replaced only by a whole one
             except (OSError, EtsdkError) as exc:
                 self._log(f"slot {slot.index} not saved to {path}: {exc}")
+
+
+def _closing() -> RequestError:
+    return RequestError("the server is shutting down", status=503, kind="server_error", headers={"Retry-After": "5"})

@@ -10,7 +10,6 @@ are accepted. Imports nothing heavy.
 from __future__ import annotations
 
 import json
-import math
 import time
 import uuid
 from collections.abc import Mapping
@@ -146,9 +145,9 @@ def _number(body: Mapping[str, Any], name: str, low: float, high: float) -> floa
     value = body.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise RequestError(f"'{name}' must be a number, found {_kind(value)}", param=name)
-    if not low <= value <= high:
+    if not low <= value <= high:  # before any float conversion: an integer of 400 digits is out of range, not an error
         raise RequestError(f"'{name}' must be in [{low:g}, {high:g}], found {value!r}", param=name)
     return float(value)
 
@@ -167,7 +166,7 @@ def _integer(body: Mapping[str, Any], name: str, low: int, high: int) -> int | N
 def _refuse(body: Mapping[str, Any], allowed: set[str]) -> None:
     unknown = sorted(set(body) - allowed)
     if unknown:
-        raise RequestError(f"unknown field(s): {', '.join(repr(u)[:80] for u in unknown[:5])}", param=str(unknown[0])[:80])
+        raise RequestError(f"unknown field(s): {', '.join(ascii(u)[:80] for u in unknown[:5])}", param=ascii(unknown[0])[1:-1][:80])
     if body.get("n") not in (None, 1):
         raise RequestError("'n' must be 1: this server returns one choice per request", param="n")
     if body.get("logprobs") not in (None, False, 0):
@@ -295,7 +294,7 @@ def parse_chat(body: Mapping[str, Any], context_length: int) -> ChatRequest:
             )
         extra = set(message) - {"role", "content", "name"}
         if extra:
-            raise RequestError(f"'messages[{index}]' has unknown field(s): {', '.join(sorted(extra)[:5])}",
+            raise RequestError(f"'messages[{index}]' has unknown field(s): {', '.join(ascii(e) for e in sorted(extra)[:5])}",
                                param=f"messages[{index}]")
         out.append({"role": _ROLES[role], "content": _content(message, index)})
     return ChatRequest(body.get("model"), tuple(out), _options(body, context_length, chat=True))
