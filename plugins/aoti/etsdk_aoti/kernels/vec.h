@@ -362,9 +362,28 @@ inline F reduce16(const F* v) {
   for (int i = 0; i < 8; ++i) t[i] = _mm256_add_ps(v[8 + i].lo, v[8 + i].hi);
   return {reduce8(s), reduce8(t)};
 }
+// dst[i][j] = src[j][i] for an 8 x 8 block: unpack pairs, shuffle quads, swap 128-bit halves
+inline void transpose8(const float* src, int64_t lds, float* dst, int64_t ldd) {
+  __m256 r[8], t[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * lds);
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 2; ++i) {
+    r[4 * i + 0] = _mm256_shuffle_ps(t[4 * i + 0], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[4 * i + 1] = _mm256_shuffle_ps(t[4 * i + 0], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int i = 0; i < 4; ++i) {
+    _mm256_storeu_ps(dst + i * ldd, _mm256_permute2f128_ps(r[i], r[4 + i], 0x20));
+    _mm256_storeu_ps(dst + (i + 4) * ldd, _mm256_permute2f128_ps(r[i], r[4 + i], 0x31));
+  }
+}
 inline void transpose16(const float* src, int64_t lds, float* dst, int64_t ldd) {
-  for (int i = 0; i < 16; ++i)
-    for (int j = 0; j < 16; ++j) dst[j * ldd + i] = src[i * lds + j];
+  for (int bi = 0; bi < 16; bi += 8)
+    for (int bj = 0; bj < 16; bj += 8) transpose8(src + bi * lds + bj, lds, dst + bj * ldd + bi, ldd);
 }
 inline void prefetch(const void* p) { _mm_prefetch((const char*)p, _MM_HINT_T0); }
 inline I izero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
