@@ -357,6 +357,12 @@ def test_a_public_bind_needs_an_api_key_and_the_key_is_checked(chat_pte: Path) -
         reply = keyed.client(api_key="s3cret").completions.create(model="chat", prompt="a", max_tokens=2,
                                                                   extra_body={"ignore_eos": True})
         assert reply.usage.completion_tokens == 2
+        # a second server on the same port: one line, before the program loads
+        taken = subprocess.run(
+            [sys.executable, "-m", "etsdk", "serve", str(chat_pte), "--port", str(keyed.port)],
+            capture_output=True, text=True, timeout=300,
+        )
+        assert taken.returncode == 2 and f"cannot listen on 127.0.0.1:{keyed.port}" in taken.stderr, taken.stderr[-2000:]
 
 
 def test_sigterm_drains_the_request_in_flight_and_slots_survive_a_restart(

@@ -76,6 +76,7 @@ def run_serve(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise EtsdkError(f"--port must be in 0..65535, found {args.port}")
     sampling = sampling_from_args(args)
+    _check_address(args.host, args.port)  # before the program loads: seconds
     try:
         import uvicorn
     except ImportError:
@@ -130,6 +131,23 @@ def _announce(server: object, host: str) -> None:
                       file=sys.stderr, flush=True)
 
     server.startup = announced  # type: ignore[method-assign]
+
+
+def _check_address(host: str, port: int) -> None:
+    """Refuse an address this process cannot listen on (in use, not this machine's) in one line, before loading."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise EtsdkError(f"--host {host}: not an address of this machine ({exc.strerror})") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise EtsdkError(f"cannot listen on {host}:{port}: {exc.strerror or exc} (another --port?)") from None
 
 
 def _drain_on_signals(server: object) -> None:
