@@ -61,8 +61,8 @@ def test_toy_decoder_caller_owned_state_on_the_gpu(tmp_path: Path) -> None:
 def test_prefill_tensorrt_decode_aoti_on_the_gpu_equals_transformers(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     from etsdk_hf_static.exporting.exporter import export
-    from etsdk_hf_static.runtime.runner import HfStaticRunner
     from etsdk_hf_static.exporting.tiny import tiny_model
+    from etsdk_hf_static.runtime.runner import HfStaticRunner
 
     model = tiny_model("llama", seed=0)
     path = tmp_path / "mixed.pte"

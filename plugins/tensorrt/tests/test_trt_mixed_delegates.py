@@ -25,8 +25,8 @@ import torch
 
 pytest.importorskip("transformers")
 
-from etsdk_hf_static.runtime.runner import HfStaticRunner, Step  # noqa: E402
 from etsdk_hf_static.exporting.tiny import VOCAB, save_tiny_model  # noqa: E402
+from etsdk_hf_static.runtime.runner import HfStaticRunner, Step  # noqa: E402
 from etsdk_tensorrt import BACKEND_ID, blob_format  # noqa: E402
 
 AOTI = "EtsdkAotiBackend"

@@ -16,8 +16,8 @@ import torch
 
 pytest.importorskip("transformers")
 
-from etsdk_hf_static.runtime.runner import HfStaticRunner  # noqa: E402
 from etsdk_hf_static.exporting.tiny import save_tiny_model  # noqa: E402
+from etsdk_hf_static.runtime.runner import HfStaticRunner  # noqa: E402
 from test_trt_mixed_delegates import _prompt, _transformers_greedy, etsdk_cli  # noqa: E402
 
 S, T, NEW, WINDOW = 24, 8, 8, 6
