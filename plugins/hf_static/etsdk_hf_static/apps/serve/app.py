@@ -37,7 +37,10 @@ if TYPE_CHECKING:
 
     from etsdk_hf_static.runtime.model import LoadedModel
 
-__all__ = ["ServeConfig", "create_app"]
+__all__ = ["MISSING_EXTRA", "ServeConfig", "create_app"]
+
+#: the error when the server's web dependencies are not installed
+MISSING_EXTRA = "etsdk serve needs Starlette and uvicorn: pip install 'etsdk-hf-static[serve]'"
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,9 +67,7 @@ def create_app(program: str | Path | LoadedModel, config: ServeConfig | None = N
         from starlette.applications import Starlette
         from starlette.routing import Route
     except ImportError:
-        raise EtsdkError(
-            "etsdk serve needs Starlette and uvicorn: pip install 'etsdk-hf-static[serve]'"
-        ) from None
+        raise EtsdkError(MISSING_EXTRA) from None
     config = config or ServeConfig()
     if isinstance(program, (str, Path)):
         from etsdk_hf_static.runtime.runner import HfStaticRunner

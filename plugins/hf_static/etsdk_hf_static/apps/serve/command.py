@@ -77,14 +77,15 @@ def run_serve(args: argparse.Namespace) -> int:
         raise EtsdkError(f"--port must be in 0..65535, found {args.port}")
     sampling = sampling_from_args(args)
     _check_address(args.host, args.port)  # before the program loads: seconds
+    from etsdk_hf_static.apps.serve.app import MISSING_EXTRA, ServeConfig, create_app
+
     try:
         import uvicorn
     except ImportError:
-        raise EtsdkError("etsdk serve needs Starlette and uvicorn: pip install 'etsdk-hf-static[serve]'") from None
+        raise EtsdkError(MISSING_EXTRA) from None
 
     from etsdk_hf_static.apps.chat import chat_runner
     from etsdk_hf_static.apps.commands import open_runner
-    from etsdk_hf_static.apps.serve.app import ServeConfig, create_app
 
     runner = chat_runner(open_runner(args.program, args.data))
     config = ServeConfig(
