@@ -21,6 +21,7 @@ from etsdk.backend import WeightLayout, dequantize, weight_planes
         ("int4:64", "int4:g64", {"qdata": ("uint8", (4, 32)), "scales": ("float32", (4, 1))}),
         ("int4:g32:min:f16", "int4:g32:min:f16", {"qdata": ("uint8", (4, 32)), "scales": ("float16", (4, 2)), "mins": ("float16", (4, 2))}),
         ("int4:a8", "int4:g32:a8", {"qdata": ("uint8", (4, 32)), "scales": ("float32", (4, 2))}),
+        ("int8:a8:64", "int8:g64:a8", {"qdata": ("int8", (4, 64)), "scales": ("float32", (4, 1))}),
         ("int4:a8:min:64", "int4:g64:min:a8", {"qdata": ("uint8", (4, 32)), "scales": ("float32", (4, 1)), "mins": ("float32", (4, 1))}),
         ("q8_0", "q8_0", {"blocks": ("uint8", (4, 68))}),
         ("q4_0", "q4_0", {"blocks": ("uint8", (4, 36))}),
@@ -42,7 +43,8 @@ def test_every_format_parses_back_to_itself() -> None:
     assert WeightFormat.parse("q4_1").planes_format == WeightFormat.parse("int4:g32:min:f16")
     with_a8 = WeightFormat.every(int8_activations=True)
     added = [f for f in with_a8 if f not in every]
-    assert len(added) == 24 and all(f.int8_activations and f.bits == 4 and WeightFormat.parse(f.name) == f for f in added)
+    assert len(added) == 24 + 15 and all(f.int8_activations and WeightFormat.parse(f.name) == f for f in added)
+    assert sum(f.bits == 8 for f in added) == 15  # int8 per row and in each group size, with each scale dtype
 
 
 @pytest.mark.parametrize(
@@ -51,7 +53,7 @@ def test_every_format_parses_back_to_itself() -> None:
         ("int3", "unknown weight format 'int3'"),
         ("int4:g48", "group size must be one of 32, 64, 128, 256"),
         ("int8:min", "8-bit weights are symmetric"),
-        ("int8:a8", r"int8 activations \(:a8\) are an option of the 4-bit planes formats"),
+
         ("int4:g32:fp8", "unknown part 'fp8'"),
         ("", "a weight format is a name"),
     ],
@@ -66,6 +68,8 @@ def test_a_layout_fixed_by_llama_cpp_refuses_other_fields() -> None:
         WeightFormat(4, 64, False, "float16", WeightLayout.GGUF_Q4_0)
     with pytest.raises(ValueError, match="not a multiple of 32"):
         WeightFormat.parse("int4:g32").check_shape(8, 80)
+    with pytest.raises(ValueError, match=r"int8 activations \(:a8\) are an option of the planes formats .* not of llama.cpp's q8_0 blocks"):
+        WeightFormat(8, 32, False, "float16", WeightLayout.GGUF_Q8_0, int8_activations=True)
 
 
 @pytest.mark.parametrize("name", ["int8", "int8:g32", "int4:g32", "int4:g64:min", "int4:g32:bf16"])

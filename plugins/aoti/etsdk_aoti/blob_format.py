@@ -95,6 +95,8 @@ LINEAR16_FEATURE = "aoti.kernels.linear16.v1"
 QMM_A8_FEATURE = "aoti.kernels.qmm_a8.v1"
 #: ... and its form for several weights that read the same input (``aoti_torch_cpu_etsdk_qmm_a8_fused``)
 QMM_A8_FUSED_FEATURE = "aoti.kernels.qmm_a8_fused.v1"
+#: ... with int8 weights (``int8[:gGROUP]:a8``; a reader whose kernel multiplies only 4-bit weights would fail the call)
+QMM_A8_INT8_FEATURE = "aoti.kernels.qmm_a8_int8.v1"
 #: constants read from their own named-data entries or derived at load (sources "entry" / "derived")
 NAMED_CONSTANTS_FEATURE = "aoti.named_constants.v1"
 #: config ``cpu`` says what CPU the library needs; a reader must check the host against it before loading the
@@ -102,7 +104,7 @@ NAMED_CONSTANTS_FEATURE = "aoti.named_constants.v1"
 CPU_TARGET_FEATURE = "aoti.cpu_target.v1"
 KNOWN_FEATURES = frozenset(
     {BLOB_FEATURE, STATE_INPUTS_FEATURE, NAMED_CONSTANTS_FEATURE, KERNELS_FEATURE, ATTENTION_FEATURE, ATTENTION_INT8_FEATURE, LINEAR_FEATURE,
-     LINEAR16_FEATURE, QMM_A8_FEATURE, QMM_A8_FUSED_FEATURE, CPU_TARGET_FEATURE}
+     LINEAR16_FEATURE, QMM_A8_FEATURE, QMM_A8_FUSED_FEATURE, QMM_A8_INT8_FEATURE, CPU_TARGET_FEATURE}
 )
 #: ``config.cpu.kernels``: etsdk-aoti's kernels are built where the program runs and pick their level there
 KERNELS_PORTABLE = "portable"
@@ -224,6 +226,8 @@ class AotiBlob:
     calls_qmm_a8: bool = False
     #: ... in its form for several weights that read the same input (feature ``aoti.kernels.qmm_a8_fused.v1``)
     calls_qmm_a8_fused: bool = False
+    #: ... with int8 weights (feature ``aoti.kernels.qmm_a8_int8.v1``)
+    calls_qmm_a8_int8: bool = False
 
     @property
     def calls_native(self) -> bool:
@@ -253,6 +257,8 @@ class AotiBlob:
             features.append(QMM_A8_FEATURE)
         if self.calls_qmm_a8_fused:
             features.append(QMM_A8_FUSED_FEATURE)
+        if self.calls_qmm_a8_int8:
+            features.append(QMM_A8_INT8_FEATURE)
         if self.config.cpu is not None:
             features.append(CPU_TARGET_FEATURE)
         return features
@@ -389,7 +395,7 @@ def decode(payload: memoryview | bytes, *, state_bindings: int | None = None) ->
         config, constants, library, calls_kernels=KERNELS_FEATURE in features, calls_attention=ATTENTION_FEATURE in features,
         calls_attention_int8=ATTENTION_INT8_FEATURE in features, calls_linear=LINEAR_FEATURE in features,
         calls_linear16=LINEAR16_FEATURE in features, calls_qmm_a8=QMM_A8_FEATURE in features,
-        calls_qmm_a8_fused=QMM_A8_FUSED_FEATURE in features,
+        calls_qmm_a8_fused=QMM_A8_FUSED_FEATURE in features, calls_qmm_a8_int8=QMM_A8_INT8_FEATURE in features,
     )
 
 

@@ -2,7 +2,8 @@
 
 Every ``etsdk::linear_q`` becomes a call of :data:`etsdk_aoti.kernels.QMM` (the
 native kernels read the packed bytes; :data:`~etsdk_aoti.kernels.QMM_A8` for the
-int8-activation ``:a8`` formats, blob feature ``aoti.kernels.qmm_a8.v1``; the ``:a8`` products that read the
+int8-activation ``:a8`` formats, blob feature ``aoti.kernels.qmm_a8.v1``, and ``aoti.kernels.qmm_a8_int8.v1`` where
+one multiplies int8 weights; the ``:a8`` products that read the
 same input merged into one call of :data:`~etsdk_aoti.kernels.QMM_A8_FUSED`, feature ``aoti.kernels.qmm_a8_fused.v1``), every ``etsdk::embedding_q`` a row
 gather and a dequantization that Inductor generates. The kernels read the
 planes layout with float32 scales; a weight stored otherwise (GGUF blocks,
@@ -30,7 +31,10 @@ from etsdk.backend import WeightFormat, WeightLayout, WeightUse, call_arguments,
 
 from etsdk_aoti import kernels
 
-__all__ = ["Derived", "check_device", "derive_planes", "fuse_shared_inputs", "linear", "linear_a8", "linear_a8_fused", "rewrite_quantized"]
+__all__ = [
+    "Derived", "check_device", "derive_planes", "fuse_shared_inputs", "linear", "linear_a8", "linear_a8_fused", "multiplies_int8_a8",
+    "rewrite_quantized",
+]
 
 PLANES = ("qdata", "scales", "mins")
 
@@ -68,7 +72,7 @@ def linear(x: torch.Tensor, qdata: torch.Tensor, scales: torch.Tensor, mins: Any
 
 
 def linear_a8(x: torch.Tensor, qdata: torch.Tensor, scales: torch.Tensor, mins: Any, bias: Any, group: int) -> torch.Tensor:
-    """``x @ w.T + bias`` for the ``:a8`` formats (4-bit weights, ``x`` rounded to int8 per block of 32)."""
+    """``x @ w.T + bias`` for the ``:a8`` formats (4-bit or int8 weights, ``x`` rounded to int8 per block of 32)."""
     return _on_rows(x, qdata.shape[0], bias, lambda flat, b: kernels.QMM_A8(flat, qdata, scales, mins, b, group))
 
 
@@ -83,22 +87,35 @@ def linear_a8_fused(
     return tuple(out.reshape(*x.shape[:-1], sum(rows)).to(x.dtype).split(rows, dim=-1))
 
 
+def multiplies_int8_a8(module: torch.fx.GraphModule) -> bool:
+    """Whether a :func:`linear_a8` call of ``module`` (alone or fused) multiplies int8 weights (``int8[:gGROUP]:a8``)."""
+    for node in module.graph.nodes:
+        if node.op == "call_function" and node.target in (linear_a8, linear_a8_fused):
+            qdata = node.args[1][0] if isinstance(node.args[1], (list, tuple)) else node.args[1]
+            if _attr(module, qdata).dtype == torch.int8:
+                return True
+    return False
+
+
 def fuse_shared_inputs(graph: torch.fx.Graph) -> int:
     """Merge the :func:`linear_a8` calls that read the same input (a layer's query / key / value products, its
     gate / up ones) into one :func:`linear_a8_fused` each; the number of calls merged.
 
     A decode step's 4-bit products are short (tens of microseconds): the start of the kernels' thread team, the
     output's allocation and the input's rounding to int8 are paid per call, so three calls in one pay them once.
-    Calls merge when their group size and their having minimums and biases agree (the kernel's one loop)."""
+    Calls merge when their weights' bits and group size and their having minimums and biases agree (the kernel's
+    one loop)."""
     sharing: dict[tuple[Any, ...], list[torch.fx.Node]] = {}
+    module = graph.owning_module
     for node in graph.nodes:
         if node.op != "call_function" or node.target is not linear_a8:
             continue
         x, qdata, scales, mins, bias, group = node.args
         if all(a is None or getattr(a, "op", None) == "get_attr" for a in (qdata, scales, mins, bias)):
-            sharing.setdefault((x, group, mins is None, bias is None), []).append(node)
+            dtype = _attr(module, qdata).dtype if module is not None else None
+            sharing.setdefault((x, group, dtype, mins is None, bias is None), []).append(node)
     merged = 0
-    for (x, group, _, _), calls in sharing.items():
+    for (x, group, *_), calls in sharing.items():
         if len(calls) < 2:
             continue
         with graph.inserting_before(calls[0]):
@@ -173,8 +190,8 @@ def rewrite_quantized(module: torch.fx.GraphModule) -> dict[str, Derived]:
         stored_nodes = {("blocks" if fmt.layout is not WeightLayout.PLANES and name == "qdata" else name): n for name, n in nodes.items() if n is not None}
         stored = {name: _attr(module, n) for name, n in stored_nodes.items()}
         planes = derive_planes(fmt, stored, call.shape)
-        # the :a8 kernel reads float16 scales and minimums as stored (Q4_0's bytes); the others, float32 planes
-        halves = call.use is WeightUse.LINEAR and fmt.int8_activations and fmt.scale_dtype == "float16"
+        # the 4-bit :a8 kernel reads float16 scales and minimums as stored (Q4_0's bytes); the others, float32 planes
+        halves = call.use is WeightUse.LINEAR and fmt.int8_activations and fmt.bits == 4 and fmt.scale_dtype == "float16"
         args: dict[str, Any] = {}
         for plane in PLANES:
             if plane not in planes:

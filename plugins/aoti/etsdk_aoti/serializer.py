@@ -54,7 +54,7 @@ from etsdk_aoti.float_linear import kernel_linear, kernel_linear16, rewrite_floa
 from etsdk_aoti.library import ConstantKind, ContainerConstant, GeneratedSource, Library
 from etsdk_aoti.op_names import op_name as _op_name
 from etsdk_aoti.partitioner import CPU_TARGET_SPEC, DEVICE_SPEC, KERNEL_THREADS_SPEC
-from etsdk_aoti.quantized import Derived, check_device, rewrite_quantized
+from etsdk_aoti.quantized import Derived, check_device, multiplies_int8_a8, rewrite_quantized
 from etsdk_aoti.quantized import linear as _qmm_linear
 from etsdk_aoti.quantized import linear_a8 as _qmm_linear_a8
 from etsdk_aoti.quantized import linear_a8_fused as _qmm_linear_a8_fused
@@ -287,6 +287,10 @@ class Compiled:
     def calls_qmm_a8_fused(self) -> bool:
         return any(node.target is _qmm_linear_a8_fused for node in self.module.graph.nodes if node.op == "call_function")
 
+    @property
+    def calls_qmm_a8_int8(self) -> bool:
+        return multiplies_int8_a8(self.module)
+
 
 def compile_partition(
     edge_program: Any,
@@ -479,7 +483,7 @@ def preprocess(partition: Partition) -> bytes:
             config, constants, compiled.library, calls_kernels=compiled.calls_kernels, calls_attention=compiled.calls_attention,
             calls_attention_int8=compiled.calls_attention_int8, calls_linear=compiled.calls_linear,
             calls_linear16=compiled.calls_linear16, calls_qmm_a8=compiled.calls_qmm_a8,
-            calls_qmm_a8_fused=compiled.calls_qmm_a8_fused,
+            calls_qmm_a8_fused=compiled.calls_qmm_a8_fused, calls_qmm_a8_int8=compiled.calls_qmm_a8_int8,
         )
         return blob_format.encode(blob)  # the library file is deleted below
     finally:

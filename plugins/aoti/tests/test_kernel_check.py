@@ -108,7 +108,9 @@ def write_cases(directory: Path) -> int:
             _write(directory, f"{name}.mins", stored["mins"])
         lines.append(f"qmm {name} {fmt.bits} {fmt.group_size or 0} {n} {k} {m} {int('mins' in stored)} 1")
     for fmt_name, ns, k, m in [("int4:g32:a8", [37], 256, 1), ("int4:g64:min:f16:a8", [16, 24], 128, 1),
-                               ("int4:g32:min:f16:a8", [9, 33, 17], 160, 5), ("int4:g128:a8", [20], 256, 3)]:
+                               ("int4:g32:min:f16:a8", [9, 33, 17], 160, 5), ("int4:g128:a8", [20], 256, 3),
+                               ("int8:a8", [37], 160, 1), ("int8:g32:a8", [21, 16], 96, 2), ("int8:g64:a8", [40, 9], 128, 1),
+                               ("int8:g128:a8", [12], 256, 6)]:
         fmt = WeightFormat.parse(fmt_name)
         x = 3 * torch.randn(m, k, generator=g)
         x[0, :32] = 0.0  # a block of zeros: scale 0
@@ -128,7 +130,7 @@ def write_cases(directory: Path) -> int:
             _write(directory, f"{name}.{p}.bias", bias)
         _write(directory, f"{name}.x", x)
         _write(directory, f"{name}.want", torch.cat(wants, dim=1))
-        lines.append(f"a8 {name} {len(ns)} {fmt.group_size} {k} {m} {int(halves)} {int(with_mins)} 1 {' '.join(map(str, ns))}")
+        lines.append(f"a8 {name} {fmt.bits} {len(ns)} {fmt.group_size or 0} {k} {m} {int(halves)} {int(with_mins)} 1 {' '.join(map(str, ns))}")
     for dtype, code in [(torch.float32, 0), (torch.bfloat16, 1), (torch.float16, 2)]:
         for n, k, m in [(37, 83, 1), (100, 576, 3), (16, 16, 6)]:
             w, x, bias = torch.randn(n, k, generator=g).to(dtype), torch.randn(m, k, generator=g), torch.randn(n, generator=g)

@@ -38,13 +38,16 @@ def test_the_kernel_computes_the_formats_math(name: str, rows: int) -> None:
 
 
 @pytest.mark.usefixtures("kernel_level")
-@pytest.mark.parametrize("name", ["int4:g32:a8", "int4:g64:min:a8", "int4:g128:a8", "int4:g32:f16:a8", "int4:g64:min:f16:a8"])
-@pytest.mark.parametrize("rows", [1, 3, 64])  # decode (VNNI integer products) and the float paths on rounded rows
+@pytest.mark.parametrize(
+    "name", ["int4:g32:a8", "int4:g64:min:a8", "int4:g128:a8", "int4:g32:f16:a8", "int4:g64:min:f16:a8", "int8:a8", "int8:g32:a8",
+             "int8:g64:a8", "int8:g128:a8"],
+)
+@pytest.mark.parametrize("rows", [1, 3, 64])  # decode (integer products) and prefill (integer or float tiles on rounded rows)
 def test_the_int8_activation_kernel_computes_the_formats_math(name: str, rows: int) -> None:
     fmt = WeightFormat.parse(name)
     generator = torch.Generator().manual_seed(rows)
     for n, k in ((37, 256), (100, 128), (9, 160)):  # 160: the last 64-column chunk holds one block of 32
-        if k % fmt.group_size:
+        if k % (fmt.group_size or 32):
             continue
         weight = torch.randn(n, k, generator=generator)
         stored = etsdk.quantize_weight(weight, fmt)
@@ -52,7 +55,7 @@ def test_the_int8_activation_kernel_computes_the_formats_math(name: str, rows: i
         x[0, :32] = 0.0  # a block of zeros: scale 0
         x[-1, 32:35] = torch.tensor([127.0, 62.5, -62.5])  # d = 1: exact ties, rounded to even as the reference
         args = (x, stored["qdata"], stored["scales"], stored.get("mins"), bias)
-        got = kernels.qmm(*args, bits=4, group=fmt.group_size, int8_activations=True)
+        got = kernels.qmm(*args, bits=fmt.bits, group=fmt.group_size or 0, int8_activations=True)
         want = torch.ops.etsdk.linear_q(*args, name)  # the core's reference math for the format
         torch.testing.assert_close(got, want, atol=2e-6 * float(want.abs().max()), rtol=0)
         float_activations = torch.ops.etsdk.linear_q(*args, name.removesuffix(":a8"))
@@ -60,11 +63,12 @@ def test_the_int8_activation_kernel_computes_the_formats_math(name: str, rows: i
 
 
 @pytest.mark.usefixtures("kernel_level")
-@pytest.mark.parametrize("name", ["int4:g32:f16:a8", "int4:g64:min:a8"])
+@pytest.mark.parametrize("name", ["int4:g32:f16:a8", "int4:g64:min:a8", "int8:g64:a8", "int8:a8"])
 @pytest.mark.parametrize("rows", [1, 5])
 def test_the_fused_int8_activation_kernel_equals_one_call_per_weight(name: str, rows: int) -> None:
     # a layer's query / key / value products in one call: each weight's columns equal its own call's, bit for bit
     fmt = WeightFormat.parse(name)
+    group = fmt.group_size or 0
     generator = torch.Generator().manual_seed(7 + rows)
     k = 192
     x = 3 * torch.randn(rows, k, generator=generator)
@@ -72,17 +76,20 @@ def test_the_fused_int8_activation_kernel_equals_one_call_per_weight(name: str, 
     biases = [torch.randn(int(s["qdata"].shape[0]), generator=generator) for s in stored]
     for bias in (biases, []):
         mins = [s["mins"] for s in stored] if fmt.with_min else []
-        got = kernels.qmm_a8_fused(x, [s["qdata"] for s in stored], [s["scales"] for s in stored], mins, bias, group=fmt.group_size)
+        got = kernels.qmm_a8_fused(x, [s["qdata"] for s in stored], [s["scales"] for s in stored], mins, bias, group=group)
         alone = [
-            kernels.qmm(x, s["qdata"], s["scales"], s.get("mins"), bias[i] if bias else None, bits=4, group=fmt.group_size, int8_activations=True)
+            kernels.qmm(x, s["qdata"], s["scales"], s.get("mins"), bias[i] if bias else None, bits=fmt.bits, group=group, int8_activations=True)
             for i, s in enumerate(stored)
         ]
         assert torch.equal(got, torch.cat(alone, dim=1))
     with pytest.raises(ValueError, match="refused"):  # one bias for three weights
-        kernels.qmm_a8_fused(x, [s["qdata"] for s in stored], [s["scales"] for s in stored], mins, biases[:1], group=fmt.group_size)
+        kernels.qmm_a8_fused(x, [s["qdata"] for s in stored], [s["scales"] for s in stored], mins, biases[:1], group=group)
     with pytest.raises(ValueError, match="refused"):  # a weight of another row length
         other = etsdk.quantize_weight(torch.randn(8, 2 * k, generator=generator), fmt)
-        kernels.qmm_a8_fused(x, [stored[0]["qdata"], other["qdata"]], [stored[0]["scales"], other["scales"]], group=fmt.group_size)
+        kernels.qmm_a8_fused(x, [stored[0]["qdata"], other["qdata"]], [stored[0]["scales"], other["scales"]], group=group)
+    with pytest.raises(ValueError, match="refused"):  # 4-bit and int8 weights in one call
+        other = etsdk.quantize_weight(torch.randn(8, k, generator=generator), "int4:g64" if fmt.bits == 8 else "int8:g64")
+        kernels.qmm_a8_fused(x, [stored[0]["qdata"], other["qdata"]], [stored[0]["scales"], other["scales"]], group=64)
 
 
 @pytest.mark.usefixtures("kernel_level")
@@ -105,6 +112,11 @@ def test_the_kernel_refuses_tensors_it_cannot_read() -> None:
         kernels.qmm(torch.zeros(1, 31), q, torch.zeros(8, 1), bits=4, group=32)  # K differs from the weight's
     with pytest.raises(ValueError, match="refused the tensors"):
         kernels.qmm(torch.zeros(2, 64)[:, ::2], q, torch.zeros(8, 1), bits=4, group=32)  # strided x
+    q8 = torch.zeros(8, 83, dtype=torch.int8)
+    with pytest.raises(ValueError, match="refused the tensors"):  # int8 activations come in whole blocks of 32
+        kernels.qmm(torch.zeros(1, 83), q8, torch.zeros(8), bits=8, group=0, int8_activations=True)
+    with pytest.raises(ValueError, match="refused the tensors"):  # int8 weights' :a8 scales are float32
+        kernels.qmm(torch.zeros(1, 64), q8[:, :64].contiguous(), torch.zeros(8, 2, dtype=torch.float16), bits=8, group=32, int8_activations=True)
 
 
 class Net(torch.nn.Module):
@@ -145,7 +157,7 @@ def _gguf_net() -> Net:
     return net
 
 
-@pytest.mark.parametrize("source", ["int4", "int8:g32:f16", "int4:g32:a8", "int4:g32:min:f16:a8", "gguf"])
+@pytest.mark.parametrize("source", ["int4", "int8:g32:f16:a8", "int4:g32:a8", "int4:g32:min:f16:a8", "gguf"])
 def test_a_quantized_model_compiles_runs_like_eager_and_derives_only_what_it_must(source: str, tmp_path: Path) -> None:
     if source == "gguf":
         net = _gguf_net()
@@ -165,6 +177,7 @@ def test_a_quantized_model_compiles_runs_like_eager_and_derives_only_what_it_mus
     assert (blob_format.QMM_A8_FEATURE in reader.required_features) == source.endswith(":a8")
     # up and gate read the same input: one call of the fused kernel (down, alone, the single one)
     assert (blob_format.QMM_A8_FUSED_FEATURE in reader.required_features) == source.endswith(":a8")
+    assert (blob_format.QMM_A8_INT8_FEATURE in reader.required_features) == source.startswith("int8")  # int8 weights' kernel
     if source.endswith(":a8"):  # every linear layer's weight went to the :a8 kernels
         symbols = bytes(reader.section("library"))
         assert b"aoti_torch_cpu_etsdk_qmm_a8\0" in symbols and b"aoti_torch_cpu_etsdk_qmm_a8_fused\0" in symbols
@@ -172,8 +185,8 @@ def test_a_quantized_model_compiles_runs_like_eager_and_derives_only_what_it_mus
     derived = [c for c in constants if c["source"] == "derived"]
     if source in ("int4", "int4:g32:a8", "int4:g32:min:f16:a8"):  # the kernels read the stored planes themselves
         assert derived == []  # (the :a8 kernel reads float16 scales and minimums as they are)
-    elif source == "int8:g32:f16":  # float16 scales become float32 at load; the int8 values are read as stored
-        assert {c["derive"]["plane"] for c in derived} == {"scales"} and all(c["derive"]["format"] == "int8:g32:f16" for c in derived)
+    elif source == "int8:g32:f16:a8":  # float16 scales become float32 at load; the int8 values are read as stored
+        assert {c["derive"]["plane"] for c in derived} == {"scales"} and all(c["derive"]["format"] == source for c in derived)
     else:  # every plane of a GGUF weight, from the stored blocks (the blocks themselves are the stored entries)
         assert {(c["derive"]["format"], c["derive"]["plane"]) for c in derived} >= {("q4_0", "qdata"), ("q4_1", "mins"), ("q8_0", "scales")}
         stored_keys = {key for c in derived for _, key in c["derive"]["stored"].items()}

@@ -16,7 +16,7 @@ Math, for value ``q`` of group ``g`` with scale ``s`` (and minimum ``m``):
 * with a minimum: ``w = q * s + m`` (llama.cpp's Q4_1; a torchao-style integer
   zero point ``z`` is the minimum ``-z * s``).
 
-Int8 activations (``:a8``, 4-bit formats): the same stored weight, but a linear
+Int8 activations (``:a8``, any planes format): the same stored weight, but a linear
 layer first quantizes each row of its input in blocks of 32 values, as
 llama.cpp's Q8_0 / Q8_1 activations: ``d = max|x| / 127``, ``q = round(x * (1 /
 d))`` (half to even; ``q = 0`` when ``d == 0``), and computes with ``q * d``
@@ -24,8 +24,8 @@ d))`` (half to even; ``q = 0`` when ``d == 0``), and computes with ``q * d``
 input rounded to 8 bits per block), so it is part of the format's name: a
 backend declaring ``int4:g32:a8`` computes that math, one that declares only
 ``int4:g32`` refuses the weight. A kernel can then multiply integers (VNNI dot
-products) instead of widening every 4-bit value to float: the formats that
-decode fastest on CPUs. Embeddings read rows of the weight, which the
+products) instead of widening every weight to float: the formats that decode
+fastest on CPUs (``int8:g32:f16:a8`` is llama.cpp's Q8_0 arithmetic). Embeddings read rows of the weight, which the
 activations do not touch.
 
 Layouts:
@@ -111,7 +111,7 @@ class WeightFormat:
     scale_dtype: str = "float32"
     #: How the bytes are laid out: etsdk's planes, or one of llama.cpp's GGUF block layouts.
     layout: WeightLayout = WeightLayout.PLANES
-    #: A linear layer quantizes its input to int8 in blocks of 32 first (``:a8``; 4-bit planes formats).
+    #: A linear layer quantizes its input to int8 in blocks of 32 first (``:a8``; any planes format).
     int8_activations: bool = False
 
     def __post_init__(self) -> None:
@@ -125,8 +125,11 @@ class WeightFormat:
             raise ValueError("8-bit weights are symmetric (no minimum)")
         if self.scale_dtype not in _SCALE_DTYPES:
             raise ValueError(f"scale dtype must be one of {', '.join(_SCALE_DTYPES)}, found {self.scale_dtype!r}")
-        if self.int8_activations and (self.bits != 4 or self.layout is not WeightLayout.PLANES):
-            raise ValueError("int8 activations (:a8) are an option of the 4-bit planes formats (int4:gGROUP[:min]:a8)")
+        if self.int8_activations and self.layout is not WeightLayout.PLANES:
+            raise ValueError(
+                "int8 activations (:a8) are an option of the planes formats (int8[:gGROUP]:a8, int4:gGROUP[:min]:a8), "
+                f"not of llama.cpp's {self.layout.value} blocks"
+            )
         if self.layout is not WeightLayout.PLANES:
             found = (self.bits, self.group_size, self.with_min, self.scale_dtype)
             if found != _GGUF_FIELDS[self.layout]:
@@ -135,7 +138,7 @@ class WeightFormat:
     @property
     def name(self) -> str:
         """The format's one spelling: ``int8``, ``int8:g32``, ``int4:g32``, ``int4:g64:min``, ``int4:g32:f16``,
-        ``int4:g32:a8``, ``q8_0``, ``q4_0``, ``q4_1``."""
+        ``int4:g32:a8``, ``int8:g64:a8``, ``q8_0``, ``q4_0``, ``q4_1``."""
         if self.layout is not WeightLayout.PLANES:
             return self.layout.value
         text = f"int{self.bits}"
@@ -187,13 +190,17 @@ class WeightFormat:
     @classmethod
     def every(cls, *, int8_activations: bool = False) -> tuple[WeightFormat, ...]:
         """Every weight-only format etsdk describes (for a backend that computes them all, such as the reference
-        backend); with ``int8_activations``, the ``:a8`` forms of the 4-bit ones too (a backend that declares them
+        backend); with ``int8_activations``, the ``:a8`` forms of the planes ones too (a backend that declares them
         quantizes a linear layer's input as the module docstring says)."""
         found: list[WeightFormat] = []
         for scale_dtype in _SCALE_DTYPES:
             found.append(cls(8, None, False, scale_dtype))
+            if int8_activations:
+                found.append(cls(8, None, False, scale_dtype, int8_activations=True))
             for group in _GROUPS:
                 found.append(cls(8, group, False, scale_dtype))
+                if int8_activations:
+                    found.append(cls(8, group, False, scale_dtype, int8_activations=True))
                 found.append(cls(4, group, False, scale_dtype))
                 found.append(cls(4, group, True, scale_dtype))
                 if int8_activations:

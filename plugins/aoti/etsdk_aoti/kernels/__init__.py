@@ -181,7 +181,8 @@ def etsdk_qmm_a8(
 ) -> torch.Tensor:
     from etsdk.backend import dequantize_activations, quantize_activations
 
-    return etsdk_qmm(dequantize_activations(*quantize_activations(x)), qdata, scales, mins, bias, 4, group)
+    bits = 8 if qdata.dtype == torch.int8 else 4
+    return etsdk_qmm(dequantize_activations(*quantize_activations(x)), qdata, scales, mins, bias, bits, group)
 
 
 @etsdk_qmm_a8.register_fake
@@ -375,7 +376,7 @@ def qmm(
 ) -> torch.Tensor:
     """Call the native kernel directly (tests and benchmarks): ``x [M, K] @ w.T (+ bias)`` for ``w`` in the planes
     ``qdata`` / ``scales`` / ``mins`` (float32 scales; ``group`` 0: one scale per row); with ``int8_activations``
-    (4 bits only) the ``:a8`` product (``etsdk_qmm_a8``). Raises ``ValueError`` when the kernel refuses the tensors
+    the ``:a8`` product (``etsdk_qmm_a8``; ``bits`` then follows ``qdata``'s dtype: int8 8-bit, uint8 4-bit). Raises ``ValueError`` when the kernel refuses the tensors
     (wrong dtype, shape or layout)."""
     global _function, _function_a8
     from etsdk_aoti.library import _new_capsule, free_handles, tensor_handles
@@ -389,8 +390,6 @@ def qmm(
     if _function_a8 is None:
         _function_a8 = _loaded.aoti_torch_cpu_etsdk_qmm_a8
         _function_a8.argtypes = [pointer, pointer, pointer, ctypes.POINTER(pointer), ctypes.POINTER(pointer), ctypes.c_int64, ctypes.POINTER(pointer)]
-    if int8_activations and bits != 4:
-        raise ValueError(f"int8 activations go with 4-bit weights, found bits {bits}")
     given = [x, qdata, scales, *(t for t in (mins, bias) if t is not None)]
     handles = tensor_handles(given)
     try:
@@ -422,7 +421,7 @@ def qmm_a8_fused(
     *,
     group: int,
 ) -> torch.Tensor:
-    """Call the fused ``:a8`` kernel directly (tests and benchmarks): ``x [M, K]`` times each weight (4-bit planes;
+    """Call the fused ``:a8`` kernel directly (tests and benchmarks): ``x [M, K]`` times each weight (4-bit or int8 planes;
     ``mins`` / ``bias`` one per weight or empty), the outputs side by side in one ``[M, sum of N]`` tensor.
     Raises ``ValueError`` when the kernel refuses the tensors."""
     from etsdk_aoti.library import _new_capsule, free_handles, tensor_handles

@@ -9,7 +9,7 @@
 // host (and the portable level natively, which checks this program itself). One case per line of cases.txt:
 //
 //   qmm NAME bits group n k m mins bias                  NAME.{x,q,scales[,mins][,bias],want}
-//   a8 NAME parts group k m halves mins bias n0 n1 ...   NAME.{x,want}, NAME.p.{q,scales[,mins][,bias]} per part p
+//   a8 NAME bits parts group k m halves mins bias n0 ... NAME.{x,want}, NAME.p.{q,scales[,mins][,bias]} per part p
 //   linear NAME dtype n k m bias                         NAME.{x,w[,bias],want}   (dtype 0 f32, 1 bf16, 2 f16)
 //   attention NAME int8 B Hq L E H S Ev MB scale          NAME.{q,k,v,mask,want[,kscale,vscale]}
 //
@@ -72,15 +72,16 @@ double run(const std::string& op, std::istringstream& line, const KernelTable* t
     return worst(y, read<float>(name + ".want", m * n), 1e-4, 1e-4);
   }
   if (op == "a8") {
-    int64_t parts, group, k, m, halves, mins, bias;
-    line >> parts >> group >> k >> m >> halves >> mins >> bias;
+    int64_t bits, parts, group, k, m, halves, mins, bias;
+    line >> bits >> parts >> group >> k >> m >> halves >> mins >> bias;
     std::vector<int64_t> ns(parts);
     int64_t total = 0;
     for (auto& n : ns) line >> n, total += n;
-    const int64_t groups = k / group;
+    const int64_t groups = group ? k / group : 1;
     auto x = read<float>(name + ".x", m * k);
     std::vector<float> y(m * total);
     std::vector<std::vector<uint8_t>> q(parts);
+    std::vector<std::vector<int8_t>> q8(parts);
     std::vector<std::vector<float>> s(parts), mn(parts), b(parts);
     std::vector<std::vector<uint16_t>> s16(parts), m16(parts);
     std::vector<A8Part> list(parts);
@@ -89,9 +90,14 @@ double run(const std::string& op, std::istringstream& line, const KernelTable* t
       const int64_t n = ns[p];
       A8Part& part = list[p];
       part.w = Weights{};
-      part.w.bits = 4, part.w.n = n, part.w.k = k, part.w.group = group, part.w.groups = groups;
-      q[p] = read<uint8_t>(prefix + ".q", n * k / 2);
-      part.w.q4 = q[p].data();
+      part.w.bits = (int)bits, part.w.n = n, part.w.k = k, part.w.group = group, part.w.groups = groups;
+      if (bits == 8) {
+        q8[p] = read<int8_t>(prefix + ".q", n * k);
+        part.w.q8 = q8[p].data();
+      } else {
+        q[p] = read<uint8_t>(prefix + ".q", n * k / 2);
+        part.w.q4 = q[p].data();
+      }
       if (halves) {
         s16[p] = read<uint16_t>(prefix + ".scales", n * groups);
         part.s16 = s16[p].data();

@@ -104,8 +104,9 @@ bool new_output(int64_t dims, const int64_t* sizes, AtenTensorHandle* ret0, floa
   return true;
 }
 
-// The :a8 formats (4-bit weights, int8 activations) for one or more weights read by the same x (all of one group
-// size; their outputs side by side in one [M, sum of N] tensor).
+// The :a8 formats (4-bit or int8 weights, int8 activations) for one or more weights read by the same x (all of one
+// bits and group size, qdata's dtype saying which: uint8 4-bit, int8 8-bit; their outputs side by side in one
+// [M, sum of N] tensor). x's rows are rounded per block of 32, so k must be a whole number of blocks.
 AOTITorchError qmm_a8(AtenTensorHandle x, const AtenTensorHandle* qdata, const AtenTensorHandle* scales,
                       const AtenTensorHandle* mins, const AtenTensorHandle* bias, int64_t count, int64_t group,
                       AtenTensorHandle* ret0) {
@@ -113,12 +114,17 @@ AOTITorchError qmm_a8(AtenTensorHandle x, const AtenTensorHandle* qdata, const A
   const float* xf = nullptr;
   float* y = nullptr;
   int64_t m_rows = 0, k = 0, n = 0;
-  if (!kernels || count < 1 || !input_rows(x, &xf, &m_rows, &k)) return AOTI_TORCH_FAILURE;
+  if (!kernels || count < 1 || !input_rows(x, &xf, &m_rows, &k) || k % 32) return AOTI_TORCH_FAILURE;
+  int32_t qtype = 0;
+  if (!qdata[0] || aoti_torch_get_dtype(qdata[0], &qtype)) return AOTI_TORCH_FAILURE;
+  const int64_t bits = qtype == aoti_torch_dtype_int8() ? 8 : 4;  // another dtype fails weight_operands' check
   std::vector<A8Part> parts(count);
   for (int64_t p = 0; p < count; ++p) {
     const uint16_t* halves[2] = {nullptr, nullptr};
     Weights& w = parts[p].w;
-    if (!weight_operands(qdata[p], scales[p], mins ? mins[p] : nullptr, bias ? bias[p] : nullptr, 4, group, w, halves)) {
+    // int8 weights' scales are float32 (the kernel reads no float16 plane for them)
+    if (!weight_operands(qdata[p], scales[p], mins ? mins[p] : nullptr, bias ? bias[p] : nullptr, bits, group, w,
+                         bits == 4 ? halves : nullptr)) {
       return AOTI_TORCH_FAILURE;
     }
     if (w.k != k) return AOTI_TORCH_FAILURE;

@@ -16,6 +16,9 @@
 // lane (vec::dot4_pair: AVX-512 VNNI and AVX-VNNI vpdpbusd; AVX-512 and AVX2 vpmaddubsw + vpmaddwd, as llama.cpp's Q4 x Q8
 // products; NEON sdot, vmull_s8 without dotprod), 128 columns a step whose lanes each sum one block's products
 // exactly; d times the weight's scale is applied once per lane and step: no 4-bit value is widened to float.
+// int8 weights with int8 activations (int8[:gG]:a8, llama.cpp's Q8_0 arithmetic; float32 scales) take q8_products:
+// a decode row multiplies signed bytes by signed bytes 64 columns a step (vec::dot4_signed), each block's sum exact;
+// prefill rows run the float tiles on the rounded x.
 //
 // Every packed byte is read once per call. Small M (decode) takes a dot-product path straight from the packed
 // bytes; larger M (prefill) dequantizes NR weight rows at a time into a float tile and runs an MR x NR register-
@@ -54,6 +57,8 @@ constexpr int kRegisters = v::kRegisters;
 constexpr int NR = kRegisters >= 32 ? 32 : 16;
 constexpr int NF = NR / 16;
 constexpr int MR = kRegisters >= 32 ? 8 : kRegisters >= 8 ? 6 : 2;
+// rows of x up to which a product takes the dot-product (decode) path; more take the prefill tiles
+constexpr int64_t kFewRows = 4;
 // float decode: rows of x per pass over the weights (2 * rows + 2 F live)
 constexpr int kGemvRows = kRegisters >= 32 ? 4 : kRegisters >= 8 ? 2 : 1;
 // :a8: weight rows multiplied together (independent chains, each step of x loaded once for all of them: 2 at
@@ -417,7 +422,7 @@ void micro_rows(int rows, const float* x, int64_t ldx, const float* tile, int64_
   micro<R>(x, ldx, tile, k, nr, y, ldy, n0, bias);
 }
 
-void gemm(const Weights& w, const float* x, int64_t m_rows, float* y) {
+void gemm(const Weights& w, const float* x, int64_t m_rows, float* y, int64_t ldy) {
   const int64_t k = w.k;
   const float* xs = x;
   std::vector<float> permuted;
@@ -451,7 +456,7 @@ void gemm(const Weights& w, const float* x, int64_t m_rows, float* y) {
       }
       for (int64_t m0 = 0; m0 < m_rows; m0 += MR) {
         const int rows_now = (int)(m_rows - m0 < MR ? m_rows - m0 : MR);
-        micro_rows<MR>(rows_now, xs + m0 * k, k, tile.data(), k, nr, y + m0 * w.n, w.n, n0, w.bias);
+        micro_rows<MR>(rows_now, xs + m0 * k, k, tile.data(), k, nr, y + m0 * ldy, ldy, n0, w.bias);
       }
     }
   }
@@ -498,6 +503,12 @@ struct QuantizedX {
   LaneD gsum_last;        // the last 16 groups' gsum, those of whole sixteens before them zeroed (groups >= 16)
 };
 
+// A block of 32 values' scale d = max|x| / 127 (the same float on every level).
+inline float block_d(const float* xb) {
+  const v::F x0 = v::load(xb), x1 = v::load(xb + 16);
+  return v::reduce_max(v::max(v::max(x0, v::sub(v::zero(), x0)), v::max(x1, v::sub(v::zero(), x1)))) / 127.0f;
+}
+
 // Row x rounded (the same integers on every level: max of magnitudes, d = amax / 127, 1 / d, x * (1 / d) rounded
 // half to even, all in float32; q = 0 where d == 0), laid out for the products.
 void quantize_x(const float* x, int64_t k, int64_t group, QuantizedX& out) {
@@ -519,9 +530,7 @@ void quantize_x(const float* x, int64_t k, int64_t group, QuantizedX& out) {
       d[t] = 0.0f;
       if (b < blocks) {
         const float* xb = x + b * 32;
-        const v::F x0 = v::load(xb), x1 = v::load(xb + 16);
-        const float amax = v::reduce_max(v::max(v::max(x0, v::sub(v::zero(), x0)), v::max(x1, v::sub(v::zero(), x1))));
-        d[t] = amax / 127.0f;
+        d[t] = block_d(xb);
         round_block(xb, d[t] != 0.0f ? 1.0f / d[t] : 0.0f, q + 16 * t, q + 64 + 16 * t);
         int32_t sum = 0;
         for (int i = 0; i < 16; ++i) sum += q[16 * t + i] + q[64 + 16 * t + i];
@@ -729,19 +738,148 @@ void a8_products(const A8Part* parts, int64_t count, const float* x, int64_t m_r
   }
 }
 
+// ---------------------------------------------------------------- int8 activations times int8 weights (int8[:gG]:a8)
+
+// Row x rounded for int8 weights: its columns in their own order, zeros up to a whole step of 64 (two blocks of 32),
+// and per step the lanes' block scales (lanes 0-7: the step's first block's d, lanes 8-15: its second's; 0 past k),
+// the lanes vec::dot4_signed sums each block's products into.
+struct RoundedX8 {
+  Lines<int8_t> q;      // [steps * 64]
+  Lines<LaneD> d;       // [steps]
+  Lines<float> block;   // [blocks]: each block's d
+};
+
+void round_x8(const float* x, int64_t k, RoundedX8& out) {
+  const int64_t blocks = k / 32, steps = (blocks + 1) / 2;
+  out.q.resize(steps * 64);
+  out.d.resize(steps);
+  out.block.resize(blocks);
+  for (int64_t st = 0; st < steps; ++st) {
+    float d[kStepBlocks];  // spread(): lanes 4t .. 4t + 3 take d[t]
+    for (int h = 0; h < 2; ++h) {
+      const int64_t b = 2 * st + h;
+      int8_t* q = out.q.data() + b * 32;
+      float db = 0.0f;
+      if (b < blocks) {
+        db = out.block.data()[b] = block_d(x + b * 32);
+        int8_t even[16], odd[16];
+        round_block(x + b * 32, db != 0.0f ? 1.0f / db : 0.0f, even, odd);
+        for (int i = 0; i < 16; ++i) {
+          q[2 * i] = even[i];
+          q[2 * i + 1] = odd[i];
+        }
+      } else {
+        std::memset(q, 0, 32);
+      }
+      d[2 * h] = d[2 * h + 1] = db;
+    }
+    out.d.data()[st].v = spread(d);
+  }
+}
+
+// Weight row r times rounded x: per step of 64 columns one integer dot product, one conversion and one multiply-add
+// by the lanes' scales (d times the weight's scale). G 0: one scale per row (applied once, at the end); G 32: a scale
+// per block; G 1: groups of a multiple of 64, one scale per step.
+template <int G>
+inline float q8_row(const Weights& w, const RoundedX8& xq, int64_t r, bool ahead) {
+  const int64_t k = w.k, whole = k / 64;
+  const int8_t* q = w.q8 + r * k;
+  const float* s = w.scales + r * w.groups;
+  const int8_t* xqq = xq.q.data();
+  const LaneD* xd = xq.d.data();
+  if (ahead) {  // decode: the rows AHEAD on asked for while this one multiplies
+    for (int64_t i = 0; i < k; i += 64) v::prefetch(q + AHEAD * k + i);
+  }
+  v::F acc = v::zero();
+  auto step = [&](const int8_t* wq, int64_t st, v::F sl) {
+    acc = v::fma(v::to_float(v::dot4_signed(v::izero(), wq, xqq + st * 64)), sl, acc);
+  };
+  // lanes 0-7 times a, lanes 8-15 times b
+  auto pair = [](float a, float b) {
+    const float four[kStepBlocks] = {a, a, b, b};
+    return spread(four);
+  };
+  if (G == 1) {  // one scale for group / 64 steps
+    const int64_t per = w.group / 64;
+    for (int64_t st0 = 0, g = 0; st0 < whole; st0 += per, ++g) {
+      const v::F sg = v::set1(s[g]);
+      for (int64_t st = st0; st < st0 + per; ++st) step(q + st * 64, st, v::mul(xd[st].v, sg));
+    }
+  } else {
+    for (int64_t st = 0; st < whole; ++st) step(q + st * 64, st, G == 32 ? v::mul(xd[st].v, pair(s[2 * st], s[2 * st + 1])) : xd[st].v);
+  }
+  if (whole * 64 < k) {  // a last block of 32 (k an odd number of blocks: G is 0 or 32): its bytes in a zeroed step
+    int8_t last[64] = {};
+    std::memcpy(last, q + whole * 64, 32);
+    step(last, whole, G == 32 ? v::mul(xd[whole].v, pair(s[2 * whole], 0.0f)) : xd[whole].v);
+  }
+  const float total = v::reduce_add(acc);
+  return (G == 0 ? total * s[0] : total) + (w.bias ? w.bias[r] : 0.0f);
+}
+
+template <int G>
+void q8_rows(const A8Part& part, const RoundedX8* xq, int64_t m_rows, int64_t ldy, int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const bool ahead = r + AHEAD < part.w.n;
+    for (int64_t m = 0; m < m_rows; ++m) part.y[m * ldy + r] = q8_row<G>(part.w, xq[m], r, ahead && m == 0);
+  }
+}
+
+// Every part's product (int8 weights) with x rounded to int8 per block of 32. A few rows (decode) multiply integers
+// in one OpenMP region over every part's rows, 16 a task (each thread rounds x itself: a few hundred values); more
+// rows (prefill) run the float tiles on the rounded values q * d (the same math: a block's products are exact either
+// way, and the tiles decode each weight once per call).
+void q8_products(const A8Part* parts, int64_t count, const float* x, int64_t m_rows, int64_t ldy) {
+  const int64_t k = parts[0].w.k;
+  if (m_rows > kFewRows) {
+    std::vector<float> values(m_rows * k);
+#pragma omp parallel
+    {
+      static thread_local RoundedX8 row;
+#pragma omp for schedule(static)
+      for (int64_t m = 0; m < m_rows; ++m) {
+        round_x8(x + m * k, k, row);
+        for (int64_t i = 0; i < k; ++i) values[m * k + i] = (float)row.q.data()[i] * row.block.data()[i / 32];
+      }
+    }
+    for (int64_t p = 0; p < count; ++p) gemm(parts[p].w, values.data(), m_rows, parts[p].y, ldy);
+    return;
+  }
+  const int64_t chunk = 16;
+  std::vector<int64_t> first(count + 1, 0);  // parts[p] owns the chunks [first[p], first[p + 1])
+  for (int64_t p = 0; p < count; ++p) first[p + 1] = first[p] + (parts[p].w.n + chunk - 1) / chunk;
+  const int64_t chunks = first[count];
+#pragma omp parallel
+  {
+    static thread_local RoundedX8 mine[kFewRows];
+    for (int64_t m = 0; m < m_rows; ++m) round_x8(x + m * k, k, mine[m]);
+#pragma omp for schedule(static) nowait
+    for (int64_t c = 0; c < chunks; ++c) {
+      int64_t p = 0;
+      while (c >= first[p + 1]) ++p;
+      const A8Part& part = parts[p];
+      const int64_t r0 = (c - first[p]) * chunk, r1 = r0 + chunk < part.w.n ? r0 + chunk : part.w.n;
+      if (part.w.group == 0) q8_rows<0>(part, mine, m_rows, ldy, r0, r1);
+      else if (part.w.group == 32) q8_rows<32>(part, mine, m_rows, ldy, r0, r1);
+      else q8_rows<1>(part, mine, m_rows, ldy, r0, r1);
+    }
+  }
+}
 }  // namespace
 
 // y[m, n] = x[m, k] @ dequantized(w)^T (+ bias): the dot-product path for a few rows (decode), tiles above.
 void qmm(const Weights* w, const float* x, int64_t m_rows, float* y) {
   if (m_rows <= 0 || w->n <= 0) return;
-  if (m_rows <= 4) gemv(*w, x, m_rows, y);
-  else gemm(*w, x, m_rows, y);
+  if (m_rows <= kFewRows) gemv(*w, x, m_rows, y);
+  else gemm(*w, x, m_rows, y, w->n);
 }
 
-// Every part's product with x rounded to int8 per block of 32 (the parts' y pointers set by the caller).
+// Every part's product with x rounded to int8 per block of 32 (the parts' y pointers set by the caller; all parts of
+// one bits: 4-bit weights take a8_products, int8 ones q8_products).
 void qmm_a8(const A8Part* parts, int64_t count, const float* x, int64_t m_rows, int64_t ldy) {
   if (count <= 0 || m_rows <= 0) return;
-  a8_products(parts, count, x, m_rows, ldy);
+  if (parts[0].w.bits == 8) q8_products(parts, count, x, m_rows, ldy);
+  else a8_products(parts, count, x, m_rows, ldy);
 }
 
 }  // namespace etsdk_kernels

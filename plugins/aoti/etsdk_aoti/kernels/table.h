@@ -34,7 +34,7 @@ struct Weights {
   const float* bias;    // [n] or null
 };
 
-// One weight of a (possibly fused) :a8 product (4-bit weights, x rounded to int8 per block of 32): its operands,
+// One weight of a (possibly fused) :a8 product (4-bit or int8 weights, x rounded to int8 per block of 32): its operands,
 // its float16 planes (s16 / m16: scales and minimums as stored, or null for float32 ones in w.scales / w.mins),
 // and where its outputs go (row m of x at y + m * ldy).
 struct A8Part {
@@ -53,7 +53,8 @@ struct KernelTable {
   // y[m, n] = x[m, k] @ dequantized(w)^T (+ bias)
   void (*qmm)(const Weights* w, const float* x, int64_t m_rows, float* y);
   // every part's product with x rounded to int8 per block of 32 (d = max|x| / 127, q = round-half-even(x / d));
-  // all parts share k and group; ldy: the row stride of every part's outputs
+  // all parts share bits, k (a multiple of 32) and group; int8 weights' scales are float32; ldy: the row stride of
+  // every part's outputs
   void (*qmm_a8)(const A8Part* parts, int64_t count, const float* x, int64_t m_rows, int64_t ldy);
   // y[m, n] = x[m, k] @ widen(w[n, k])^T (+ bias)
   void (*linear)(const float* x, const void* w, FloatWeight w_dtype, const float* bias, float* y, int64_t m_rows,

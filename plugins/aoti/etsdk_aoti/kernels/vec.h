@@ -8,7 +8,7 @@
 //
 // Which section compiles follows the compiler's target macros, so one source builds at every level:
 //
-//   level         flags (kernels/__init__.py: LEVELS)         F is             integer products (dot4_pair)
+//   level         flags (kernels/__init__.py: LEVELS)         F is             integer products (dot4_pair, dot4_signed)
 //   avx512vnni    -march=x86-64-v4 -mavx512vnni               __m512           vpdpbusd, 64 bytes a step
 //   avx512        -march=x86-64-v4                            __m512           vpmaddubsw + vpmaddwd
 //   avx2vnni      -march=x86-64-v3 -mavxvnni                  2 x __m256       vpdpbusd (VEX), 2 x 32 bytes
@@ -238,6 +238,19 @@ inline I dot4_pair(I acc, B even, B odd, const int8_t* x) {
   return _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
 #endif
 }
+// acc + per lane l the sum of w[4l + i] * x[4l + i], i < 4: 64 signed weight bytes times 64 signed x bytes (x in
+// -127..127: exact; lanes 0-7 read bytes 0-31, lanes 8-15 bytes 32-63). The x86 products take one unsigned operand,
+// so they multiply |w| by x carrying w's sign (llama.cpp's Q8_0 arithmetic).
+inline I dot4_signed(I acc, const int8_t* w, const int8_t* x) {
+  const __m512i wv = _mm512_loadu_si512(w), xv = _mm512_loadu_si512(x);
+  const __m512i aw = _mm512_abs_epi8(wv);
+  const __m512i sx = _mm512_mask_sub_epi8(xv, _mm512_movepi8_mask(wv), _mm512_setzero_si512(), xv);
+#if defined(__AVX512VNNI__)
+  return _mm512_dpbusd_epi32(acc, aw, sx);
+#else
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(aw, sx), _mm512_set1_epi16(1)));
+#endif
+}
 
 #elif defined(ETSDK_VEC_AVX2)
 // ================================================================ AVX2 + FMA + F16C (x86-64-v3; AVX-VNNI where built with it)
@@ -408,6 +421,21 @@ inline __m256i dot4_pair8(__m256i acc, __m256i even, __m256i odd, const int8_t* 
 inline I dot4_pair(I acc, B even, B odd, const int8_t* x) {
   return {dot4_pair8(acc.lo, even.lo, odd.lo, x, x + 64), dot4_pair8(acc.hi, even.hi, odd.hi, x + 32, x + 96)};
 }
+// acc + per lane l the sum of w[4l + i] * x[4l + i], i < 4: 64 signed weight bytes times 64 signed x bytes (x in
+// -127..127: exact; lanes 0-7 read bytes 0-31, lanes 8-15 bytes 32-63). The x86 products take one unsigned operand,
+// so they multiply |w| by x carrying w's sign (llama.cpp's Q8_0 arithmetic).
+inline __m256i dot4_signed8(__m256i acc, const int8_t* w, const int8_t* x) {
+  const __m256i wv = _mm256_loadu_si256((const __m256i*)w), xv = _mm256_loadu_si256((const __m256i*)x);
+  const __m256i aw = _mm256_sign_epi8(wv, wv), sx = _mm256_sign_epi8(xv, wv);
+#if defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(acc, aw, sx);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1)));
+#endif
+}
+inline I dot4_signed(I acc, const int8_t* w, const int8_t* x) {
+  return {dot4_signed8(acc.lo, w, x), dot4_signed8(acc.hi, w + 32, x + 32)};
+}
 
 #elif defined(ETSDK_VEC_NEON)
 // ================================================================ aarch64 NEON (dotprod where built with it)
@@ -566,6 +594,14 @@ inline I dot4_pair(I acc, B even, B odd, const int8_t* x) {
   for (int i = 0; i < 4; ++i) r.v[i] = dot4_4(dot4_4(acc.v[i], even.v[i], vld1q_s8(x + 16 * i)), odd.v[i], vld1q_s8(x + 64 + 16 * i));
   return r;
 }
+// acc + per lane l the sum of w[4l + i] * x[4l + i], i < 4: 64 signed weight bytes times 64 signed x bytes (x in
+// -127..127: exact; lanes 0-7 read bytes 0-31, lanes 8-15 bytes 32-63). The x86 products take one unsigned operand,
+// so they multiply |w| by x carrying w's sign (llama.cpp's Q8_0 arithmetic).
+inline I dot4_signed(I acc, const int8_t* w, const int8_t* x) {
+  I r;
+  for (int i = 0; i < 4; ++i) r.v[i] = dot4_4(acc.v[i], vld1q_s8(w + 16 * i), vld1q_s8(x + 16 * i));
+  return r;
+}
 
 #else
 // ================================================================ portable C++ (any CPU; the compiler vectorizes what it can)
@@ -689,6 +725,13 @@ inline B unpack_nibbles(const uint8_t* q) {
 // serves both.
 inline I dot4_pair(I acc, B even, B odd, const int8_t* x) {
   ETSDK_LANES for (int i = 0; i < 4; ++i) acc.v[l] += even.v[4 * l + i] * x[4 * l + i] + odd.v[4 * l + i] * x[64 + 4 * l + i];
+  return acc;
+}
+// acc + per lane l the sum of w[4l + i] * x[4l + i], i < 4: 64 signed weight bytes times 64 signed x bytes (x in
+// -127..127: exact; lanes 0-7 read bytes 0-31, lanes 8-15 bytes 32-63). The x86 products take one unsigned operand,
+// so they multiply |w| by x carrying w's sign (llama.cpp's Q8_0 arithmetic).
+inline I dot4_signed(I acc, const int8_t* w, const int8_t* x) {
+  ETSDK_LANES for (int i = 0; i < 4; ++i) acc.v[l] += w[4 * l + i] * x[4 * l + i];
   return acc;
 }
 #undef ETSDK_LANES
