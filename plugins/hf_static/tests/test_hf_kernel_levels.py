@@ -2,8 +2,9 @@
 
 Three programs of the tiny Llama, each exported once (the compiled code is the same for every level: the kernels
 are chosen per process, :func:`etsdk_aoti.kernels.use_level`): float32 weights over int8 key / value caches (the
-float GEMV and the int8 attention kernel), int8:g64 weights (the int8 product, float attention), and
-int4:g32:min:f16:a8 weights (the int8-activation products, fused). At each level (portable, avx2, avx2vnni,
+float GEMV and the int8 attention kernel), int8:g64:a8 weights (int8 weights times int8 activations, and the int8
+embedding / head's float product; float attention), and int4:g32:min:f16:a8 weights (the 4-bit int8-activation
+products, fused). At each level (portable, avx2, avx2vnni,
 avx512, avx512vnni on x86; portable, neonv8, neon on aarch64; a level the host cannot run is skipped, naming what it
 lacks) each program generates what the same model generates eagerly in PyTorch.
 """
@@ -30,7 +31,7 @@ from test_hf_int8_cache import eager_int8
 NEW = 5
 PROGRAMS = {  # name -> (linear format or None, kv cache)
     "float32-int8cache": (None, "int8"),
-    "int8:g64": ("int8:g64", "float32"),
+    "int8:g64:a8": ("int8:g64:a8", "float32"),
     "int4:g32:min:f16:a8": ("int4:g32:min:f16:a8", "float32"),
 }
 

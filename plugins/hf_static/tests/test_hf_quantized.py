@@ -131,7 +131,7 @@ def test_export_quantize_reports_what_it_quantized_and_the_size(model_dir: Path,
     assert "model.model.layers.{0..1}.mlp.up_proj: int4:g64:min [128, 64] linear" in inspected.stdout, inspected.stdout
 
 
-@pytest.mark.parametrize(("short", "exact"), [("int8", "int8:g64"), ("int4", "int4:g32:min:f16:a8"), ("int8:row", "int8")])
+@pytest.mark.parametrize(("short", "exact"), [("int8", "int8:g64:a8"), ("int4", "int4:g32:min:f16:a8"), ("int8:row", "int8")])
 def test_the_short_names_mean_the_best_measured_formats(short: str, exact: str, model_dir: Path, tmp_path: Path) -> None:
     result = _etsdk("export", "--model", str(model_dir), "--backend", "reference", "--quantize", short,
                     "--prefill-length", str(T), "--context-length", "32", "-o", str(tmp_path / "q.pte"))
@@ -145,7 +145,8 @@ def test_a_short_name_takes_the_best_format_every_backend_of_the_export_computes
 
     assert resolve_format("int4", ["aoti"]) == "int4:g32:min:f16:a8"
     assert resolve_format("int4", ["aoti", "tensorrt"]) == "int4:g32:min:f16"  # TensorRT computes no :a8 format
-    assert resolve_format("int8", ["tensorrt"]) == "int8:g64"
+    assert resolve_format("int8", ["aoti"]) == "int8:g64:a8"
+    assert resolve_format("int8", ["tensorrt"]) == "int8:g64"  # nor int8 activations
     assert resolve_format("int4:g64", ["aoti"]) == "int4:g64"  # an exact name is taken as it is
 
 
@@ -254,4 +255,4 @@ def test_a_gguf_type_etsdk_does_not_keep_is_named_and_allow_requantize_dequantiz
     assert "--allow-requantize: dequantized to float32 6 x Q5_0" in again.stderr  # said even under --quiet
     formats = json.loads(_etsdk("inspect", "--json", str(tmp_path / "q5.pte")).stdout)
     found = {w[1] for d in formats["methods"]["decode"] for w in d.get("weights", [])}
-    assert found == {"q8_0", "q4_0", "int8:g64"}  # the file's blocks kept; the Q5_0 layers requantized to int8 (int8:g64)
+    assert found == {"q8_0", "q4_0", "int8:g64:a8"}  # the file's blocks kept; the Q5_0 layers requantized to int8 (int8:g64:a8)

@@ -86,7 +86,8 @@ def configure_export(export: argparse.ArgumentParser) -> None:
     quantize = export.add_argument_group("quantized weights (default: the model's own weights)")
     quantize.add_argument(
         "--quantize", default=None, metavar="FORMAT",
-        help="the linear layers' format: int8 (int8:g64: groups of 64), int4 (int4:g32:min:f16:a8 where the backends "
+        help="the linear layers' format: int8 (int8:g64:a8 where the backends compute it: groups of 64 with int8 "
+        "activations, else int8:g64), int4 (int4:g32:min:f16:a8 where the backends "
         "compute it: Q4_1's bytes with int8 activations, the best measured 4-bit format), or an exact name: int8:row (one "
         "scale per row), int8:gGROUP, int4:gGROUP (32, 64, 128, 256) with :min (a minimum per group), :f16 / :bf16 "
         "scales, and :a8 (each layer's input rounded to int8 per block of 32 too: llama.cpp's arithmetic)",
@@ -133,12 +134,12 @@ def backend_options(raw: list[str]) -> dict[str, dict[str, object]]:
 
 
 #: What ``--quantize`` short names mean: the first format every backend of the export computes, in the order of what
-#: measured best on quality and on speed (SmolLM2-135M-Instruct's weights, benchmarks/README.md: int8:g64 98.05 % top-1
-#: and 1.06-1.09x llama.cpp's Q8_0; int4:g32:min:f16:a8, Q4_1's bytes, 98.4 % and 1.4x Q4_1, where int8 per row measured
-#: 96.9 % and symmetric int4:g32 71 %). Exact names are taken as they are; ``int8:row`` is per-row int8 (the format
-#: named ``int8`` in the Python API).
+#: measured best on quality and on speed (SmolLM2-135M-Instruct's weights, benchmarks/README.md: int8:g64:a8 98.05 % top-1
+#: and 1.33x llama.cpp's Q8_0 at the AVX2 level, where int8:g64, as good, decoded 0.69x there; int4:g32:min:f16:a8,
+#: Q4_1's bytes, 98.4 % and 1.4-1.6x Q4_1, where int8 per row measured 96.9 % and symmetric int4:g32 71 %). Exact names
+#: are taken as they are; ``int8:row`` is per-row int8 (the format named ``int8`` in the Python API).
 SHORT_FORMATS: dict[str, tuple[str, ...]] = {
-    "int8": ("int8:g64",),
+    "int8": ("int8:g64:a8", "int8:g64"),
     "int4": ("int4:g32:min:f16:a8", "int4:g32:min:f16", "int4:g32:min"),
     "int8:row": ("int8",),
 }
