@@ -11,7 +11,8 @@ head) and for decode (M=1) and prefill (M=``--prefill``), times ``x @ w.T``:
 * ``aten_int8`` / ``aten_int4_g32``: ``torch._weight_int8pack_mm`` and ``torch._weight_int4pack_mm_for_cpu`` on
   the same weights (what AOTInductor would call for torchao-style weight-only int8 / int4).
 
-* ``etsdk_int8_g64`` / ``etsdk_int4_g32_min_f16_a8``: the formats ``etsdk export --quantize int8`` / ``int4`` mean.
+* ``etsdk_int8_g64_a8`` / ``etsdk_int4_g32_min_f16_a8``: the formats ``etsdk export --quantize int8`` / ``int4`` mean
+  (``etsdk_int8_g64``: the same int8 planes times float activations).
 
 ``--levels L1,L2`` (or ``all``: every level this host runs) times etsdk's kernels at each instruction-set level
 (``etsdk_aoti.kernels.use_level``), interleaved, as ``<kernel>_<level>`` (``etsdk_int8_g64_avx2``); without it they
@@ -76,6 +77,7 @@ def _kernels(weight: torch.Tensor, x: torch.Tensor, levels: list[str | None]) ->
         "etsdk_int8": lambda: kernels.qmm(x, int8["qdata"], int8["scales"], bits=8, group=0),
         "etsdk_int8_g32": lambda: kernels.qmm(x, int8_g["qdata"], int8_g["scales"], bits=8, group=32),
         "etsdk_int8_g64": lambda: kernels.qmm(x, int8_g64["qdata"], int8_g64["scales"], bits=8, group=64),
+        "etsdk_int8_g64_a8": lambda: kernels.qmm(x, int8_g64["qdata"], int8_g64["scales"], bits=8, group=64, int8_activations=True),
         "etsdk_int4_g32": lambda: kernels.qmm(x, int4["qdata"], int4["scales"], bits=4, group=32),
         "etsdk_int4_g32_a8": lambda: kernels.qmm(x, int4["qdata"], int4["scales"], bits=4, group=32, int8_activations=True),
         "etsdk_int4_g32_min_f16_a8": lambda: kernels.qmm(

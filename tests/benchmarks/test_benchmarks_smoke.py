@@ -120,7 +120,7 @@ EXPECTED_KEYS: dict[str, set[str]] = {
         "rounds",
         "shapes",
         "fp32_us_small_m1",
-        *(f"{k}_over_fp32_small_m{m}" for k in ("etsdk_int8", "etsdk_int8_g32", "etsdk_int8_g64", "etsdk_int4_g32", "etsdk_int4_g32_a8", "etsdk_int4_g32_min_f16_a8", "aten_int8", "aten_int4_g32") for m in (1, 8)),
+        *(f"{k}_over_fp32_small_m{m}" for k in ("etsdk_int8", "etsdk_int8_g32", "etsdk_int8_g64", "etsdk_int8_g64_a8", "etsdk_int4_g32", "etsdk_int4_g32_a8", "etsdk_int4_g32_min_f16_a8", "aten_int8", "aten_int4_g32") for m in (1, 8)),
         "cpu",
         "kernel_levels",
     },
