@@ -498,7 +498,7 @@ def main() -> None:
     parser.add_argument("--turn-reply", type=int, default=16, help="tokens of each reply in the conversation")
     parser.add_argument("--prefill", type=int, default=64, help="T: the etsdk program's prefill rows per call")
     parser.add_argument("--context", type=int, default=1024, help="S: the etsdk program's cache rows and llama.cpp's n_ctx")
-    parser.add_argument("--quantization", default="int8:g64", help="the etsdk program's weight format (default int8:g64)")
+    parser.add_argument("--quantization", default="int8:g64:a8", help="the etsdk program's weight format (default int8:g64:a8: what --quantize int8 means)")
     parser.add_argument("--gguf-type", default="Q8_0", help="the GGUF file's matrices' type (default Q8_0)")
     parser.add_argument("--no-llama-cpp", action="store_true", help="measure etsdk serve only (llama.cpp's keys null)")
     parser.add_argument("--request-timeout", type=float, default=300.0, help="seconds a request may take")
@@ -623,7 +623,7 @@ def main() -> None:
     out["notes"] = [
         "ratios etsdk_vs_llama_cpp_*: > 1 when etsdk is better (tokens/s etsdk/llama.cpp, times llama.cpp/etsdk)",
         "llama.cpp's concurrent first-token times include the queue behind the other clients (serial server)",
-        "etsdk int8:g64 vs llama.cpp Q8_0 from the same float weights; replies may differ",
+        f"etsdk {args.quantization} vs llama.cpp {args.gguf_type} from the same float weights; replies may differ",
         "completion tokens: etsdk usage; llama.cpp re-tokenized text (one character per token here)",
         "OMP_NUM_THREADS=threads for etsdk serve; n_threads and n_threads_batch for llama.cpp",
     ]
