@@ -703,15 +703,35 @@ void a8_rows(const Weights& w, const S* scales, const S* mins, const QuantizedX*
   else a8_rows_with<0>(w, scales, mins, xq, m_rows, y, ldy, r0, r1);
 }
 
+// Every part's output rows as tasks of 16 for one OpenMP loop over all parts: task c is rows [r0, r1) of one part.
+class PartChunks {
+ public:
+  PartChunks(const A8Part* parts, int64_t count) : parts_(parts), first_(count + 1, 0) {
+    for (int64_t p = 0; p < count; ++p) first_[p + 1] = first_[p] + (parts[p].w.n + kChunk - 1) / kChunk;
+  }
+  int64_t count() const { return first_.back(); }
+  const A8Part& at(int64_t c, int64_t* r0, int64_t* r1) const {
+    int64_t p = 0;
+    while (c >= first_[p + 1]) ++p;
+    const int64_t n = parts_[p].w.n;
+    *r0 = (c - first_[p]) * kChunk;
+    *r1 = *r0 + kChunk < n ? *r0 + kChunk : n;
+    return parts_[p];
+  }
+
+ private:
+  static constexpr int64_t kChunk = 16;
+  const A8Part* parts_;
+  std::vector<int64_t> first_;  // parts_[p] owns the tasks [first_[p], first_[p + 1])
+};
+
 // Rows of x times every part's weight (all of the same k and group; part p's outputs at parts[p].y, row m at
 // parts[p].y + m * ldy), in one OpenMP region: the products that share an input (a layer's query / key / value,
 // its gate / up) cost one start of the team and one rounding of x, not one each. A chunk of 16 weight rows is
 // multiplied by every row of x while it is in the cache.
 void a8_products(const A8Part* parts, int64_t count, const float* x, int64_t m_rows, int64_t ldy) {
-  const int64_t chunk = 16;
-  std::vector<int64_t> first(count + 1, 0);  // parts[p] owns the chunks [first[p], first[p + 1])
-  for (int64_t p = 0; p < count; ++p) first[p + 1] = first[p] + (parts[p].w.n + chunk - 1) / chunk;
-  const int64_t chunks = first[count], k = parts[0].w.k, group = parts[0].w.group;
+  const PartChunks chunks(parts, count);
+  const int64_t k = parts[0].w.k, group = parts[0].w.group;
   std::vector<QuantizedX> rounded(m_rows > 1 ? m_rows : 0);
 #pragma omp parallel
   {
@@ -727,11 +747,9 @@ void a8_products(const A8Part* parts, int64_t count, const float* x, int64_t m_r
       xq = rounded.data();
     }
 #pragma omp for schedule(static) nowait
-    for (int64_t c = 0; c < chunks; ++c) {
-      int64_t p = 0;
-      while (c >= first[p + 1]) ++p;
-      const A8Part& part = parts[p];
-      const int64_t r0 = (c - first[p]) * chunk, r1 = r0 + chunk < part.w.n ? r0 + chunk : part.w.n;
+    for (int64_t c = 0; c < chunks.count(); ++c) {
+      int64_t r0 = 0, r1 = 0;
+      const A8Part& part = chunks.at(c, &r0, &r1);
       if (part.s16) a8_rows(part.w, part.s16, part.m16, xq, m_rows, part.y, ldy, r0, r1);
       else a8_rows(part.w, part.w.scales, part.w.mins, xq, m_rows, part.y, ldy, r0, r1);
     }
@@ -826,7 +844,7 @@ void q8_rows(const A8Part& part, const RoundedX8* xq, int64_t m_rows, int64_t ld
 }
 
 // Every part's product (int8 weights) with x rounded to int8 per block of 32. A few rows (decode) multiply integers
-// in one OpenMP region over every part's rows, 16 a task (each thread rounds x itself: a few hundred values); more
+// in one OpenMP region over every part's rows (PartChunks; each thread rounds x itself: a few hundred values); more
 // rows (prefill) run the float tiles on the rounded values q * d (the same math: a block's products are exact either
 // way, and the tiles decode each weight once per call).
 void q8_products(const A8Part* parts, int64_t count, const float* x, int64_t m_rows, int64_t ldy) {
@@ -845,20 +863,15 @@ void q8_products(const A8Part* parts, int64_t count, const float* x, int64_t m_r
     for (int64_t p = 0; p < count; ++p) gemm(parts[p].w, values.data(), m_rows, parts[p].y, ldy);
     return;
   }
-  const int64_t chunk = 16;
-  std::vector<int64_t> first(count + 1, 0);  // parts[p] owns the chunks [first[p], first[p + 1])
-  for (int64_t p = 0; p < count; ++p) first[p + 1] = first[p] + (parts[p].w.n + chunk - 1) / chunk;
-  const int64_t chunks = first[count];
+  const PartChunks chunks(parts, count);
 #pragma omp parallel
   {
     static thread_local RoundedX8 mine[kFewRows];
     for (int64_t m = 0; m < m_rows; ++m) round_x8(x + m * k, k, mine[m]);
 #pragma omp for schedule(static) nowait
-    for (int64_t c = 0; c < chunks; ++c) {
-      int64_t p = 0;
-      while (c >= first[p + 1]) ++p;
-      const A8Part& part = parts[p];
-      const int64_t r0 = (c - first[p]) * chunk, r1 = r0 + chunk < part.w.n ? r0 + chunk : part.w.n;
+    for (int64_t c = 0; c < chunks.count(); ++c) {
+      int64_t r0 = 0, r1 = 0;
+      const A8Part& part = chunks.at(c, &r0, &r1);
       if (part.w.group == 0) q8_rows<0>(part, mine, m_rows, ldy, r0, r1);
       else if (part.w.group == 32) q8_rows<32>(part, mine, m_rows, ldy, r0, r1);
       else q8_rows<1>(part, mine, m_rows, ldy, r0, r1);
