@@ -196,6 +196,33 @@ def test_a_quantized_model_compiles_runs_like_eager_and_derives_only_what_it_mus
         assert any(bytes(v) == up for v in delegate.named_data.values())  # the file's blocks, byte for byte
 
 
+def test_products_of_int8_and_4_bit_weights_that_read_one_input_are_fused_apart() -> None:
+    # up in int8:g64:a8, gate in int4:g64:a8, down in int8:g64:a8: up and gate read the same input, but one kernel
+    # call multiplies weights of one kind, so they must not merge (down reads another input and stays alone)
+    from etsdk import QuantizedLinear
+    from etsdk_aoti.quantized import linear_a8, linear_a8_fused, multiplies_int8_a8, rewrite_quantized
+
+    net = Net().eval()
+    for name, fmt in (("up", "int8:g64:a8"), ("gate", "int4:g64:a8"), ("down", "int8:g32:a8")):
+        layer = getattr(net, name)
+        setattr(net, name, QuantizedLinear(WeightFormat.parse(fmt), etsdk.quantize_weight(layer.weight.detach(), fmt), layer.bias))
+    module = torch.export.export(net, (IDS,)).module()
+    with torch.no_grad():
+        want = net(IDS)
+    rewrite_quantized(module)
+    calls = [node.target for node in module.graph.nodes if node.op == "call_function"]
+    assert calls.count(linear_a8) == 3 and linear_a8_fused not in calls
+    assert multiplies_int8_a8(module)
+    with torch.no_grad():
+        torch.testing.assert_close(module(IDS), want, atol=1e-5 * float(want.abs().max()), rtol=0)
+    same = Net().eval()  # up and gate both int8:g32:a8: one fused call
+    quantize_model(same, QuantizationPlan(linear=WeightFormat.parse("int8:g32:a8")))
+    module = torch.export.export(same, (IDS,)).module()
+    rewrite_quantized(module)
+    calls = [node.target for node in module.graph.nodes if node.op == "call_function"]
+    assert calls.count(linear_a8_fused) == 1 and calls.count(linear_a8) == 1
+
+
 def test_quantized_weights_on_cuda_are_refused_at_export() -> None:
     net = Net().eval()
     quantize_model(net, "int8")
