@@ -339,6 +339,12 @@ def test_five_hundred_hostile_requests_get_4xx_and_the_server_still_answers(serv
         assert http.get(f"{server.url}/health").status_code == 200
         ok = http.post(f"{server.url}/v1/completions", json={"prompt": "a", "max_tokens": 2, "ignore_eos": True})
         assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
+        # a prompt that leaves room for fewer tokens than asked: the fix names the request's field, not a flag
+        S = local.metadata.context_length
+        tight = http.post(f"{server.url}/v1/completions", json={"prompt": [5, 6, 7], "max_tokens": S - 1})
+        error = tight.json()["error"]
+        assert tight.status_code == 400 and error["code"] == "context_length_exceeded", tight.text
+        assert f"fewer new tokens (max_tokens {S - 3})" in error["message"] and "--max-new-tokens" not in error["message"]
 
 
 def test_a_public_bind_needs_an_api_key_and_the_key_is_checked(chat_pte: Path) -> None:

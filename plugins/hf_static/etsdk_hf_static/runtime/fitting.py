@@ -23,18 +23,21 @@ def rows_needed(used: int, prompt: int, new: int) -> int:
     return used + prompt + new
 
 
-def context_fixes(used: int, prompt: int, new: int, context_length: int, *, chat: bool = False, exchanges: int = 0) -> list[str]:
+def context_fixes(
+    used: int, prompt: int, new: int, context_length: int, *, chat: bool = False, exchanges: int = 0,
+    new_tokens_knob: str = "--max-new-tokens",
+) -> list[str]:
     """What would make a request of ``prompt`` + ``new`` tokens after ``used`` rows fit, most direct first.
 
-    Fewer new tokens when the prompt leaves room for some (not in a chat: ``etsdk chat`` fits each reply
-    into the room left itself); freeing rows when some are in use (``/reset``, ``/rewind N`` in a chat with
+    Fewer new tokens when the prompt leaves room for some, named by ``new_tokens_knob`` (the command line's flag,
+    or a server request's field; not in a chat: ``etsdk chat`` fits each reply into the room left itself); freeing rows when some are in use (``/reset``, ``/rewind N`` in a chat with
     ``exchanges``); a shorter prompt when it alone does not leave room for one new token; always, a program
     exported with a longer context.
     """
     fixes = []
     room = context_length - used - prompt
     if not chat and 1 <= room < new:
-        fixes.append(f"fewer new tokens (--max-new-tokens {room})")
+        fixes.append(f"fewer new tokens ({new_tokens_knob} {room})")
     if chat and exchanges:
         fixes.append("/reset or /rewind N to free rows")
     elif not chat and used:

@@ -306,9 +306,7 @@ class _Server:
         room = S - len(ids)
         new = options.max_tokens if options.max_tokens is not None else room
         if room < 1 or rows_needed(0, len(ids), new) > S:
-            fixes = [f for f in context_fixes(0, len(ids), max(new, 1), S) if "--max-new-tokens" not in f]
-            if 1 <= room < new:
-                fixes.insert(0, f"fewer new tokens (max_tokens {room})")
+            fixes = context_fixes(0, len(ids), max(new, 1), S, new_tokens_knob="max_tokens")
             raise RequestError(does_not_fit(0, len(ids), max(new, 1), S, fixes), param="messages",
                                code="context_length_exceeded")
         fields = {**_fields(self.config.sampling), **options.sampling}
