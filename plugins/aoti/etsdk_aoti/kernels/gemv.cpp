@@ -11,9 +11,9 @@
 // the other waits (measured on the project's reference machine: a 135M-parameter model's float32 decode read
 // its weights at a third of the memory's bandwidth). This kernel splits the output rows over torch's OpenMP team
 // (the team size torch is given applies here too) and reads each weight once per call, with two independent
-// accumulation chains per row of x. The exporter points only products of at most kFewRows rows at it (prefill
-// keeps the library GEMM); any M is computed correctly, kRows rows of x at a time (4 where the level has 32
-// vector registers, 2 where it has 16).
+// accumulation chains per row of x, asking for the weight rows kAheadRows on (vec.h) while it multiplies one. The
+// exporter points only products of at most kFewRows rows at it (prefill keeps the library GEMM); any M is computed
+// correctly, kRows rows of x at a time (4 where the level has 32 vector registers, 2 where it has 16).
 
 #include <omp.h>
 
@@ -35,6 +35,10 @@ template <int M, typename W>
 void rows(const float* x, const W* w, const float* bias, float* y, int64_t n, int64_t k, int64_t r0, int64_t r1) {
   for (int64_t r = r0; r < r1; ++r) {
     const W* row = w + r * k;
+    if (r + kAheadRows < n) {  // the row kAheadRows on, asked for while this one multiplies (vec.h)
+      const char* ahead = (const char*)(row + kAheadRows * k);
+      for (int64_t i = 0; i < k * (int64_t)sizeof(W); i += 64) v::prefetch(ahead + i);
+    }
     // two chains per x row: a multiply-add waits for the previous one of its chain only
     v::F a[M], b[M];
     for (int m = 0; m < M; ++m) a[m] = b[m] = v::zero();

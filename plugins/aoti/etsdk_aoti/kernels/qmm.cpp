@@ -594,13 +594,9 @@ inline float a8_row_tail(const Weights& w, const S* mins, const QuantizedX& xq, 
   return v::reduce_add(acc) + (w.bias ? w.bias[r] : 0.0f);
 }
 
-// Rows this far ahead are asked for while a decode step multiplies (measured: 9 % less time per decode step's
-// products when the weights come from memory, as they do for any model larger than the caches).
-constexpr int64_t AHEAD = 8;
-
 // y[j * ldy + r + i] for x rows j < XR (xq[0 .. XR)) and weight rows r + i, i < WR: each step of weights is
 // unpacked once for XR rows of x and each step of x loaded once for WR weight rows. Decode (XR == 1) asks for
-// the weight rows AHEAD rows on. Inlined into a8_block's loop (a call per tile measured 5 % slower at AVX-512).
+// the weight rows kAheadRows on. Inlined into a8_block's loop (a call per tile measured 5 % slower at AVX-512).
 template <int XR, int WR, int G, bool MIN, typename S>
 __attribute__((always_inline)) inline void a8_tile(const Weights& w, const S* scales, const S* mins,
                                                    const QuantizedX* xq, float* y, int64_t ldy, int64_t r) {
@@ -611,10 +607,10 @@ __attribute__((always_inline)) inline void a8_tile(const Weights& w, const S* sc
     q[i] = w.q4 + (r + i) * kh;
     s[i] = scales + (r + i) * w.groups;
   }
-  if (XR == 1 && r + AHEAD + WR <= w.n) {
-    const char* bytes = (const char*)(q[0] + AHEAD * kh);
+  if (XR == 1 && r + kAheadRows + WR <= w.n) {
+    const char* bytes = (const char*)(q[0] + kAheadRows * kh);
     for (int64_t i = 0; i < WR * kh; i += 64) v::prefetch(bytes + i);
-    const char* more = (const char*)(s[0] + AHEAD * w.groups);
+    const char* more = (const char*)(s[0] + kAheadRows * w.groups);
     for (int64_t i = 0; i < WR * w.groups * (int64_t)sizeof(S); i += 64) v::prefetch(more + i);
   }
   const int8_t* xqq[XR];
@@ -805,8 +801,8 @@ inline float q8_row(const Weights& w, const RoundedX8& xq, int64_t r, bool ahead
   const float* s = w.scales + r * w.groups;
   const int8_t* xqq = xq.q.data();
   const LaneD* xd = xq.d.data();
-  if (ahead) {  // decode: the rows AHEAD on asked for while this one multiplies
-    for (int64_t i = 0; i < k; i += 64) v::prefetch(q + AHEAD * k + i);
+  if (ahead) {  // decode: the rows kAheadRows on asked for while this one multiplies
+    for (int64_t i = 0; i < k; i += 64) v::prefetch(q + kAheadRows * k + i);
   }
   v::F acc = v::zero();
   auto step = [&](const int8_t* wq, int64_t st, v::F sl) {
@@ -838,7 +834,7 @@ inline float q8_row(const Weights& w, const RoundedX8& xq, int64_t r, bool ahead
 template <int G>
 void q8_rows(const A8Part& part, const RoundedX8* xq, int64_t m_rows, int64_t ldy, int64_t r0, int64_t r1) {
   for (int64_t r = r0; r < r1; ++r) {
-    const bool ahead = r + AHEAD < part.w.n;
+    const bool ahead = r + kAheadRows < part.w.n;
     for (int64_t m = 0; m < m_rows; ++m) part.y[m * ldy + r] = q8_row<G>(part.w, xq[m], r, ahead && m == 0);
   }
 }

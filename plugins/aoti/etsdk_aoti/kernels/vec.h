@@ -108,6 +108,11 @@ inline float exp_nonpositive(float x) {
   return x < -87.f ? 0.f : p * scale;
 }
 
+// Weight rows this far ahead are asked for (prefetch) while a decode step multiplies one: measured 9 % less time
+// in the :a8 decode products, and float32 decode 37 -> 40-42 tok/s at AVX2 and 40.5 -> 42.5-45 at AVX-512 (135M
+// shape, 2 threads), when the weights come from memory, as they do for any model larger than the caches.
+constexpr int64_t kAheadRows = 8;
+
 namespace vec {
 
 #if defined(ETSDK_VEC_AVX512)
