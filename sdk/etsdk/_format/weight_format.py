@@ -25,7 +25,8 @@ input rounded to 8 bits per block), so it is part of the format's name: a
 backend declaring ``int4:g32:a8`` computes that math, one that declares only
 ``int4:g32`` refuses the weight. A kernel can then multiply integers (VNNI dot
 products) instead of widening every weight to float: the formats that decode
-fastest on CPUs (``int8:g32:f16:a8`` is llama.cpp's Q8_0 arithmetic). Embeddings read rows of the weight, which the
+fastest on CPUs (``int8:g32:f16:a8`` is llama.cpp's Q8_0 arithmetic).
+Embeddings read rows of the weight, which the
 activations do not touch.
 
 Layouts:

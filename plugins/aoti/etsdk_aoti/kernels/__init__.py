@@ -376,7 +376,8 @@ def qmm(
 ) -> torch.Tensor:
     """Call the native kernel directly (tests and benchmarks): ``x [M, K] @ w.T (+ bias)`` for ``w`` in the planes
     ``qdata`` / ``scales`` / ``mins`` (float32 scales; ``group`` 0: one scale per row); with ``int8_activations``
-    the ``:a8`` product (``etsdk_qmm_a8``; ``bits`` then follows ``qdata``'s dtype: int8 8-bit, uint8 4-bit). Raises ``ValueError`` when the kernel refuses the tensors
+    the ``:a8`` product (``etsdk_qmm_a8``; ``bits`` then follows ``qdata``'s dtype: int8 8-bit, uint8 4-bit).
+    Raises ``ValueError`` when the kernel refuses the tensors
     (wrong dtype, shape or layout)."""
     global _function, _function_a8
     from etsdk_aoti.library import _new_capsule, free_handles, tensor_handles

@@ -30,7 +30,8 @@ def context_fixes(
     """What would make a request of ``prompt`` + ``new`` tokens after ``used`` rows fit, most direct first.
 
     Fewer new tokens when the prompt leaves room for some, named by ``new_tokens_knob`` (the command line's flag,
-    or a server request's field; not in a chat: ``etsdk chat`` fits each reply into the room left itself); freeing rows when some are in use (``/reset``, ``/rewind N`` in a chat with
+    or a server request's field; not in a chat: ``etsdk chat`` fits each reply into the room left itself); freeing
+    rows when some are in use (``/reset``, ``/rewind N`` in a chat with
     ``exchanges``); a shorter prompt when it alone does not leave room for one new token; always, a program
     exported with a longer context.
     """
