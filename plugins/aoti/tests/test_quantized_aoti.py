@@ -63,6 +63,42 @@ def test_the_int8_activation_kernel_computes_the_formats_math(name: str, rows: i
 
 
 @pytest.mark.usefixtures("kernel_level")
+@pytest.mark.parametrize("name", ["float", "int8:g64", "int4:g32:min", "int8:g64:a8", "int4:g32:min:f16:a8", "fused"])
+@pytest.mark.parametrize(("rows", "real"), [(8, 3), (64, 25), (4, 0)])
+def test_trailing_zero_rows_are_not_multiplied_and_get_the_bias(name: str, rows: int, real: int) -> None:
+    # a padded prefill chunk: its linear layers read the padded rows as zeros (etsdk-hf-static zeroes them)
+    generator = torch.Generator().manual_seed(rows + real)
+    k = 192
+    x = torch.zeros(rows, k)
+    x[:real] = 3 * torch.randn(real, k, generator=generator)
+    if real > 1:
+        x[real // 2] = 0.0  # a zero row before a real one is multiplied like any other
+    weights = [torch.randn(n, k, generator=generator) for n in (48, 37)]
+    biases = [torch.randn(w.shape[0], generator=generator) for w in weights]
+
+    def product(rows_of_x: torch.Tensor) -> torch.Tensor:
+        if name == "float":
+            return kernels.linear(rows_of_x, weights[1], biases[1])
+        if name == "fused":
+            stored = [etsdk.quantize_weight(w, "int8:g64:a8") for w in weights]
+            return kernels.qmm_a8_fused(rows_of_x, [s["qdata"] for s in stored], [s["scales"] for s in stored], [], biases, group=64)
+        fmt = WeightFormat.parse(name)
+        stored = etsdk.quantize_weight(weights[1], fmt)
+        return kernels.qmm(rows_of_x, stored["qdata"], stored["scales"], stored.get("mins"), biases[1], bits=fmt.bits,
+                           group=fmt.group_size or 0, int8_activations=fmt.int8_activations)
+
+    before = kernels.rows_multiplied()
+    got = product(x)
+    assert kernels.rows_multiplied() - before == real
+    bias = torch.cat(biases) if name == "fused" else biases[1]
+    assert got.shape == (rows, bias.shape[0])
+    assert torch.equal(got[real:], bias.expand(rows - real, -1))  # the bias, not a product
+    if real:
+        assert torch.equal(got[:real], product(x[:real]))  # the rows in use: the very call on them alone
+        torch.testing.assert_close(got[real // 2], bias, atol=1e-6, rtol=0)  # a zero row inside is multiplied
+
+
+@pytest.mark.usefixtures("kernel_level")
 @pytest.mark.parametrize("name", ["int4:g32:f16:a8", "int4:g64:min:a8", "int8:g64:a8", "int8:a8"])
 @pytest.mark.parametrize("rows", [1, 5])
 def test_the_fused_int8_activation_kernel_equals_one_call_per_weight(name: str, rows: int) -> None:

@@ -81,6 +81,7 @@ __all__ = [
     "load",
     "qmm",
     "qmm_a8_fused",
+    "rows_multiplied",
 ]
 
 #: The C declaration AOTInductor emits for the operator (``aot_inductor.custom_ops_to_c_shims``).
@@ -359,6 +360,16 @@ def attention_rows_read() -> int:
     load()
     assert _loaded is not None
     function = _loaded.etsdk_attention_rows_read
+    function.restype = ctypes.c_int64
+    return int(function())
+
+
+def rows_multiplied() -> int:
+    """Rows of ``x`` the native linear products have multiplied in this process: a product skips ``x``'s trailing
+    zero rows (a padded prefill chunk's) and gives them the bias instead."""
+    load()
+    assert _loaded is not None
+    function = _loaded.etsdk_rows_multiplied
     function.restype = ctypes.c_int64
     return int(function())
 

@@ -26,6 +26,7 @@ using etsdk_kernels::Weights;
 
 std::atomic<const KernelTable*> selected{nullptr};
 std::atomic<int64_t> rows_read{0};
+std::atomic<int64_t> rows_multiplied{0};
 
 const KernelTable* table() { return selected.load(std::memory_order_acquire); }
 
@@ -89,6 +90,32 @@ bool input_rows(AtenTensorHandle x, const float** xf, int64_t* m_rows, int64_t* 
   return true;
 }
 
+// Rows of x [M, K] up to its last row holding a non-zero value. A padded prefill chunk's linear layers read zero
+// rows (etsdk-hf-static zeroes them), and a zero row's product is the bias (or zero): the products below multiply
+// only the rows before them and fill the rest (stored weights are finite, so 0 * w is 0 for each of them). A row is
+// scanned until its first non-zero value: a row in use usually stops the scan at once.
+// Counted in rows_multiplied.
+int64_t rows_in_use(const float* x, int64_t m_rows, int64_t k) {
+  for (; m_rows > 0; --m_rows) {
+    const float* row = x + (m_rows - 1) * k;
+    for (int64_t j = 0; j < k; ++j) {
+      if (row[j] != 0.0f) {
+        rows_multiplied.fetch_add(m_rows, std::memory_order_relaxed);
+        return m_rows;
+      }
+    }
+  }
+  return 0;
+}
+
+// y's rows [from, m_rows) of columns [column, column + n) (a row of y is `stride` floats): the bias, or zeros.
+void fill_rows(float* y, int64_t from, int64_t m_rows, int64_t stride, int64_t column, int64_t n, const float* bias) {
+  for (int64_t r = from; r < m_rows; ++r) {
+    float* out = y + r * stride + column;
+    for (int64_t j = 0; j < n; ++j) out[j] = bias ? bias[j] : 0.0f;
+  }
+}
+
 // A new float32 tensor of `dims` sizes, contiguous.
 bool new_output(int64_t dims, const int64_t* sizes, AtenTensorHandle* ret0, float** y) {
   int64_t strides[4];
@@ -135,8 +162,12 @@ AOTITorchError qmm_a8(AtenTensorHandle x, const AtenTensorHandle* qdata, const A
   const int64_t sizes[2] = {m_rows, n};
   if (!new_output(2, sizes, ret0, &y)) return AOTI_TORCH_FAILURE;
   if (m_rows == 0 || n == 0) return AOTI_TORCH_SUCCESS;
-  for (int64_t p = 0, column = 0; p < count; column += parts[p].w.n, ++p) parts[p].y = y + column;
-  kernels->qmm_a8(parts.data(), count, xf, m_rows, n);
+  const int64_t used = rows_in_use(xf, m_rows, k);
+  for (int64_t p = 0, column = 0; p < count; column += parts[p].w.n, ++p) {
+    parts[p].y = y + column;
+    fill_rows(y, used, m_rows, n, column, parts[p].w.n, parts[p].w.bias);
+  }
+  if (used) kernels->qmm_a8(parts.data(), count, xf, used, n);
   return AOTI_TORCH_SUCCESS;
 }
 
@@ -202,6 +233,9 @@ ETSDK_EXPORT const char* etsdk_aoti_level() {
 // Key / value rows the attention kernels have read in this process (the sum of n over their calls).
 ETSDK_EXPORT int64_t etsdk_attention_rows_read() { return rows_read.load(); }
 
+// Rows of x the linear products (qmm, qmm_a8, linear) have multiplied in this process: trailing zero rows are not.
+ETSDK_EXPORT int64_t etsdk_rows_multiplied() { return rows_multiplied.load(); }
+
 ETSDK_EXPORT AOTITorchError aoti_torch_cpu_etsdk_qmm(AtenTensorHandle x, AtenTensorHandle qdata, AtenTensorHandle scales,
                                                      AtenTensorHandle* mins, AtenTensorHandle* bias, int64_t bits,
                                                      int64_t group, AtenTensorHandle* ret0) {
@@ -215,7 +249,9 @@ ETSDK_EXPORT AOTITorchError aoti_torch_cpu_etsdk_qmm(AtenTensorHandle x, AtenTen
   const int64_t sizes[2] = {m_rows, w.n};
   if (w.k != k || !new_output(2, sizes, ret0, &y)) return AOTI_TORCH_FAILURE;
   if (m_rows == 0 || w.n == 0) return AOTI_TORCH_SUCCESS;
-  kernels->qmm(&w, xf, m_rows, y);
+  const int64_t used = rows_in_use(xf, m_rows, k);
+  fill_rows(y, used, m_rows, w.n, 0, w.n, w.bias);
+  if (used) kernels->qmm(&w, xf, used, y);
   return AOTI_TORCH_SUCCESS;
 }
 
@@ -257,7 +293,9 @@ ETSDK_EXPORT AOTITorchError aoti_torch_cpu_etsdk_linear(AtenTensorHandle x, Aten
   if (!new_output(2, sizes, ret0, &y)) return AOTI_TORCH_FAILURE;
   if (m_rows == 0 || n == 0) return AOTI_TORCH_SUCCESS;
   const FloatWeight kind = w_dtype == bf16 ? FloatWeight::kBfloat16 : w_dtype == f16 ? FloatWeight::kFloat16 : FloatWeight::kFloat32;
-  kernels->linear(static_cast<const float*>(xp), wp, kind, static_cast<const float*>(bp), y, m_rows, n, k);
+  const int64_t used = rows_in_use(static_cast<const float*>(xp), m_rows, k);
+  fill_rows(y, used, m_rows, n, 0, n, static_cast<const float*>(bp));
+  if (used) kernels->linear(static_cast<const float*>(xp), wp, kind, static_cast<const float*>(bp), y, used, n, k);
   return AOTI_TORCH_SUCCESS;
 }
 
