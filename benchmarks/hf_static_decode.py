@@ -382,7 +382,7 @@ def main() -> None:
                        partitioner_options=aoti_options, quiet=True)
             float_runner = HfStaticRunner.from_file(float_pte)
         eager_model = narrowed if narrow else _torchao(model, args.quantize or (args.gguf and "int4"), dynamic=False)
-        eager = StaticCausalLM(eager_model, S).eval()
+        eager = StaticCausalLM(eager_model, S, full_logits=False).eval()  # what the programs compute: the last row's
         eager_counters = [b for n, b in eager.named_buffers() if n.startswith("cumulative_length")]
         peers: dict[str, Any] = {}
 

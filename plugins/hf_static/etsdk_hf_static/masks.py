@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["causal_mask", "slot_mask"]
+__all__ = ["causal_mask", "last_real_row", "slot_mask"]
 
 
 def slot_mask(
@@ -42,3 +42,14 @@ def causal_mask(start_pos: int, real: int, rows: int, context: int, *, out: torc
     if out is None:
         return columns <= last
     return torch.le(columns, last, out=out)
+
+
+def last_real_row(mask: torch.Tensor) -> torch.Tensor:
+    """The index (``[1]`` int64) of a chunk's last real row, read from its :func:`causal_mask` (traced into programs).
+
+    Under the mask's rule each real row sees one cache row more than the row before it and a padded row sees what
+    the last real one sees, so the last real row is ``count[-1] - count[0]`` rows after the first (``count``: the
+    visible cache rows of each row). Clamped to the chunk: a mask outside the rule never indexes out of it.
+    """
+    counts = mask[0, 0].sum(dim=-1)
+    return torch.clamp(counts[-1:] - counts[:1], min=0, max=mask.shape[2] - 1)

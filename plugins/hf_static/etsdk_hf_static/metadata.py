@@ -80,6 +80,9 @@ class HfStaticMetadata:
     Version 3: ``cache_dtype`` ``"int8"`` (caches of int8 rows with a scale per row
     and head), ``layer_kinds`` always given, ``window`` / ``ring_rows`` None when no
     layer has a window.
+    ``full_logits`` (any version): False when a prefill call computes the logits of
+    its last real row only and leaves the other rows zero (the field is then
+    written; a program without it computes every row's).
     """
 
     context_length: int
@@ -99,10 +102,13 @@ class HfStaticMetadata:
     window: int | None = None
     ring_rows: int | None = None
     layer_kinds: tuple[str, ...] = ()
+    full_logits: bool = True
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["eos_ids"] = list(self.eos_ids)
+        if self.full_logits:  # what a program without the field means: older runners still read it
+            del out["full_logits"]
         if self.version == 1:
             for name in ("window", "ring_rows", "layer_kinds"):
                 del out[name]
@@ -223,8 +229,12 @@ def read_metadata(record: Contract | None) -> HfStaticMetadata:
     extra: dict[str, Any] = {}
     if record.version >= 2:
         extra = _read_windows(raw, values, record.version)
+    full_logits = raw.get("full_logits", True)
+    if not isinstance(full_logits, bool):
+        raise MetadataError(f"metadata.full_logits: expected true or false, found {full_logits!r}")
     meta = HfStaticMetadata(
-        **values, eos_ids=tuple(eos), architecture=architecture, bos_id=bos, cache_dtype=cache_dtype, **extra
+        **values, eos_ids=tuple(eos), architecture=architecture, bos_id=bos, cache_dtype=cache_dtype,
+        full_logits=full_logits, **extra
     )
     if meta.prefill_length > meta.context_length:
         raise MetadataError(

@@ -43,8 +43,9 @@ def _export(model: Any, path: Path, backend: str, attention: str) -> HfStaticRun
         for delegate in captured:
             features = BlobReader(delegate.payload, known_features=blob_format.KNOWN_FEATURES).required_features
             assert (blob_format.ATTENTION_FEATURE in features) == (attention != "full"), (delegate.method, features)
-            # decode's float32 products (one row) run on the native GEMV; prefill's (T rows) keep the library GEMM
-            assert (blob_format.LINEAR_FEATURE in features) == (delegate.method == "decode"), (delegate.method, features)
+            # decode's float32 products (one row) run on the native GEMV, and so does prefill's head (the last real
+            # row's logits only); prefill's other products (T rows) keep the library GEMM
+            assert blob_format.LINEAR_FEATURE in features, (delegate.method, features)
     return HfStaticRunner.from_file(path)
 
 

@@ -103,6 +103,7 @@ RECORD_CASES: list[tuple[str, Callable[[Contract], Any], type[Exception], str]] 
     ("additive float mask", _meta(mask="float_additive"), MetadataError, "mask: hf_static v1 supports 'bool_true_visible'"),
     ("logits not last", _meta(logits="first"), MetadataError, "logits: hf_static v1 supports 'last', found 'first'"),
     ("architecture not text", _meta(architecture=7), MetadataError, "architecture: expected a string"),
+    ("full_logits not a bool", _meta(full_logits="no"), MetadataError, "metadata.full_logits: expected true or false, found 'no'"),
     ("cache length mismatch", _state("k0", shape=(1, 2, S - 1, 16)), ProgramMismatchError, f"state 'k0': expected float32 [1, 2, {S}, 16], found float32 [1, 2, {S - 1}, 16]"),
     ("cache equal bytes other dtype", _state("v1", dtype="int32"), ProgramMismatchError, "state 'v1': expected float32"),
     ("cache equal bytes other shape", _state("k1", shape=(1, 2, 16, S)), ProgramMismatchError, f"found float32 [1, 2, 16, {S}]"),

@@ -80,7 +80,7 @@ def test_the_prefill_logits_stay_within_a_stated_tolerance_of_eager(plan: str, m
     from etsdk_hf_static.exporting.module import StaticCausalLM
     from etsdk_hf_static.masks import causal_mask
 
-    eager = StaticCausalLM(_quantized(models, plan), S).eval()
+    eager = StaticCausalLM(_quantized(models, plan), S, full_logits=False).eval()  # as exported: the last row's logits
     prompt = torch.tensor([prompt_of(T, seed=9)])
     mask = causal_mask(0, T, T, S)
     with torch.no_grad():
@@ -256,3 +256,21 @@ def test_a_gguf_type_etsdk_does_not_keep_is_named_and_allow_requantize_dequantiz
     formats = json.loads(_etsdk("inspect", "--json", str(tmp_path / "q5.pte")).stdout)
     found = {w[1] for d in formats["methods"]["decode"] for w in d.get("weights", [])}
     assert found == {"q8_0", "q4_0", "int8:g64:a8"}  # the file's blocks kept; the Q5_0 layers requantized to int8 (int8:g64:a8)
+
+
+@pytest.mark.parametrize("plan", ["int8", "int4:a8"])
+def test_a_padded_prefill_chunk_multiplies_its_real_rows_only(plan: str, programs: Callable[..., Path]) -> None:
+    # the exporter zeroes a chunk's padded rows before every linear layer, and etsdk-aoti's products skip trailing
+    # zero rows: a chunk of 3 tokens multiplies 3 rows in every layer, T only when all T are real
+    from etsdk_aoti import kernels
+    from etsdk_hf_static.runtime.planning import Step
+
+    runner = HfStaticRunner.from_file(programs(plan))
+    multiplied = {}
+    for real in (3, T):
+        conversation = runner.new_conversation()
+        before = kernels.rows_multiplied()
+        conversation.run_step(Step("prefill", 0, tuple(prompt_of(real, seed=2)), T))
+        multiplied[real] = kernels.rows_multiplied() - before
+    products = (multiplied[T] - 1) // T  # every layer's products; the head multiplies one row: the last real one
+    assert products > 0 and multiplied == {3: 3 * products + 1, T: T * products + 1}

@@ -83,6 +83,11 @@ def configure_export(export: argparse.ArgumentParser) -> None:
         help="build the model from config.json with its weights on the meta device: trace and compile against "
         "their descriptions, read each weight from the safetensors files only when it is stored (not with --quantize)",
     )
+    export.add_argument(
+        "--full-logits", action="store_true",
+        help="prefill returns every row's logits (to score text: perplexity, per-token quality); by default it "
+        "computes the last real row's only, the one generation reads, and leaves the other rows zero",
+    )
     quantize = export.add_argument_group("quantized weights (default: the model's own weights)")
     quantize.add_argument(
         "--quantize", default=None, metavar="FORMAT",
@@ -200,7 +205,7 @@ def run_export(args: argparse.Namespace) -> int:
         allow_requantize=args.allow_requantize,
         options={
             "attention": args.attention, "kv_cache": args.kv_cache, "weights_dtype": args.weights_dtype,
-            "meta_trace": args.meta_trace,
+            "meta_trace": args.meta_trace, "full_logits": args.full_logits,
             **({"cpu_target": args.cpu_target} if args.cpu_target is not None else {}),
         },
     )

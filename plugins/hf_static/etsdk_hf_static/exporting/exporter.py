@@ -38,6 +38,7 @@ from etsdk_hf_static.exporting.attention import filled_attention, lacking_filled
 from etsdk_hf_static.exporting.module import (
     StaticCausalLM,
     WindowedCausalLM,
+    keeps_chosen_logits,
     layer_kinds,
     state_fqns,
 )
@@ -171,9 +172,12 @@ def default_sizes(config: Any, prefill_length: int | None = None, context_length
     return prefill_length, context_length, "; ".join(notes)
 
 
-def metadata_for(model: Any, prefill_length: int, context_length: int, cache_dtype: str = "float32") -> HfStaticMetadata:
+def metadata_for(
+    model: Any, prefill_length: int, context_length: int, cache_dtype: str = "float32", *, full_logits: bool = False
+) -> HfStaticMetadata:
     """The metadata record of ``model`` exported with T = ``prefill_length``, S = ``context_length`` and caches of
-    ``cache_dtype`` (``"float32"``, or ``"int8"``: version 3)."""
+    ``cache_dtype`` (``"float32"``, or ``"int8"``: version 3); ``full_logits`` False: prefill computes its last real
+    row's logits only (every row's all the same for a model without transformers' ``logits_to_keep``)."""
     check_cache_dtype(cache_dtype)
     config = model.config.get_text_config()
     heads = config.num_attention_heads
@@ -202,6 +206,7 @@ def metadata_for(model: Any, prefill_length: int, context_length: int, cache_dty
         eos_ids=tuple(e for e in _eos_ids(model) if 0 <= e < config.vocab_size),
         architecture=type(model).__name__,
         bos_id=bos if isinstance(bos, int) and 0 <= bos < config.vocab_size else None,
+        full_logits=full_logits or not keeps_chosen_logits(model),
         **windows,
     )
 
@@ -220,10 +225,13 @@ def method_sources(
 
     wrapper: torch.nn.Module
     if meta.version == 1:
-        wrapper = StaticCausalLM(model, meta.context_length).eval()
+        wrapper = StaticCausalLM(model, meta.context_length, full_logits=meta.full_logits, skip_padding=True).eval()
         state = state_fqns(meta.layers)
     else:
-        wrapper = WindowedCausalLM(model, meta.context_length, meta.ring_rows, meta.layer_kinds, meta.cache_dtype).eval()
+        wrapper = WindowedCausalLM(
+            model, meta.context_length, meta.ring_rows, meta.layer_kinds, meta.cache_dtype, full_logits=meta.full_logits,
+            skip_padding=True,
+        ).eval()
         state = {name: name for name, _ in wrapper.named_buffers(recurse=False)}
     sources = {}
     for name, rows in (("prefill", meta.prefill_length), ("decode", 1)):
@@ -260,6 +268,7 @@ def export(
     weights_dtype: str = "auto",
     meta_trace: bool = False,
     cpu_target: str | None = None,
+    full_logits: bool = False,
     quiet: bool = False,
 ) -> list[Path]:
     """Export ``model`` (a transformers model directory or a ``*ForCausalLM`` object) to ``output``.
@@ -297,6 +306,9 @@ def export(
     ``cpu_target``): ``"native"`` (what the partitioner does by default: this host) or a baseline a fleet shares
     (``"x86-64-v3"``, ``"x86-64-v4"``: :func:`etsdk.backend.cpu_target_names`); a machine that lacks one of its
     features refuses the program at load. The last progress line says what CPU the program needs.
+    ``full_logits``: prefill returns every row's logits (to score a text: perplexity, per-token quality); by
+    default it computes its last real row's only, the one generation reads, and leaves the other rows zero (the
+    vocabulary projection is skipped for the rest: a fifth of SmolLM2-135M's prefill multiplies).
     Returns the paths written.
     """
     started = time.perf_counter()
@@ -325,7 +337,7 @@ def export(
         spill = owned.enter_context(etsdk.WeightSpill()) if converts and directory is not None else None
         written, cpu_code = _export_loaded(
             loaded, directory, gguf_tokenizer, output, chosen, attention, kv_cache, weights_dtype, quantization, spill,
-            prefill_length, context_length, partitioner_options, external_data, quiet,
+            prefill_length, context_length, partitioner_options, external_data, full_logits, quiet,
         )
     size = sum(p.stat().st_size for p in written if p.suffix in (".pte", ".ptd"))
     _say(f"done in {time.perf_counter() - started:.1f}s ({size / 2**20:.1f} MiB): {', '.join(str(p) for p in written)}", quiet)
@@ -399,6 +411,7 @@ def _export_loaded(
     context_length: int | None,
     partitioner_options: Mapping[str, Mapping[str, Any]] | None,
     external_data: bool,
+    full_logits: bool,
     quiet: bool,
 ) -> tuple[list[Path], bool]:
     """:func:`export` once the model is loaded: quantize, trace, lower and write; the paths written, and whether
@@ -416,7 +429,7 @@ def _export_loaded(
     if widened.kept:
         _say(widened.summary(), quiet)
     prefill_length, context_length, why = default_sizes(loaded.config.get_text_config(), prefill_length, context_length)
-    meta = metadata_for(loaded, prefill_length, context_length, kv_cache)
+    meta = metadata_for(loaded, prefill_length, context_length, kv_cache, full_logits=full_logits)
     options: dict[str, dict[str, Any]] = {
         b: dict(o) for b, o in ((etsdk.resolve_backend_id(k), v) for k, v in (partitioner_options or {}).items())
     }
@@ -424,7 +437,8 @@ def _export_loaded(
         f"{meta.architecture or type(loaded).__name__}: {meta.layers} layers{_windows(meta)}, vocab {meta.vocab_size}, "
         f"T={meta.prefill_length}, S={meta.context_length}{f' ({why})' if why else ''}; "
         f"prefill -> {chosen['prefill']}, decode -> {chosen['decode']}; attention over "
-        f"{'the filled rows' if filled else 'every row'}{'; int8 caches (hf_static v3)' if meta.version == 3 else ''}",
+        f"{'the filled rows' if filled else 'every row'}{'; int8 caches (hf_static v3)' if meta.version == 3 else ''}"
+        f"; prefill logits of {'every row' if meta.full_logits else 'the last real row'}",
         quiet,
     )
     _plan(loaded, output, quiet)
@@ -435,10 +449,15 @@ def _export_loaded(
             from etsdk_hf_static.exporting.meta_build import checkpoint_tensors, weight_values
 
             weights = weight_values(loaded, checkpoint_tensors(directory), WRAPPED, spill)
-        lowered = etsdk.lower(
-            sources, contract=_contract(meta), external_data=output.stem if external_data else None,
-            weights=weights, quiet=quiet,
-        )
+        try:
+            lowered = etsdk.lower(
+                sources, contract=_contract(meta), external_data=output.stem if external_data else None,
+                weights=weights, quiet=quiet,
+            )
+        finally:  # the model's linear layers lose the traced padding hooks (a model object is the caller's)
+            for source in sources.values():
+                if source.module.padding is not None:
+                    source.module.padding.close()
     written = lowered.save(output)
     if directory is not None:
         written += _save_tokenizer(directory, output, quiet)
@@ -572,11 +591,11 @@ def export_request(request: ExportRequest) -> list[Path]:
     unknown = sorted(set(request.method_backends) - set(METHODS))
     if unknown:
         raise ExportError(f"hf_static has methods {', '.join(METHODS)}; no method {', '.join(unknown)}")
-    unknown_options = sorted(set(request.options) - {"attention", "kv_cache", "weights_dtype", "meta_trace", "cpu_target"})
+    known = ("attention", "kv_cache", "weights_dtype", "meta_trace", "cpu_target", "full_logits")
+    unknown_options = sorted(set(request.options) - set(known))
     if unknown_options:
         raise ExportError(
-            f"hf_static's exporter takes the options attention, kv_cache, weights_dtype, meta_trace and cpu_target, "
-            f"not {', '.join(unknown_options)}"
+            f"hf_static's exporter takes the options {', '.join(known[:-1])} and {known[-1]}, not {', '.join(unknown_options)}"
         )
     cpu_target = request.options.get("cpu_target")
     unknown_sizes = sorted(set(request.sizes) - {"T", "S"})
@@ -599,5 +618,6 @@ def export_request(request: ExportRequest) -> list[Path]:
         kv_cache=str(request.options.get("kv_cache", "float32")),
         weights_dtype=str(request.options.get("weights_dtype", "auto")),
         meta_trace=request.options.get("meta_trace", False) is True,
+        full_logits=request.options.get("full_logits", False) is True,
         cpu_target=str(cpu_target) if cpu_target is not None else None,
     )

@@ -12,6 +12,14 @@ not by the real row count) never leaves them stale.
 ``forward(input_ids [1, T] int64, positions [T] int64, attention_mask [1, 1, T, S] bool)``
 returns logits ``[1, T, V]`` float32. Mask convention ``bool_true_visible``:
 ``mask[0, 0, i, j]`` is True when row ``i`` may attend to cache row ``j``.
+Built with ``full_logits=False`` (what export does unless told otherwise), a
+chunk of T > 1 rows computes the logits of its last real row only (:func:`~etsdk_hf_static.masks.last_real_row`),
+the other rows are zero: the vocabulary projection is skipped where nobody reads
+it (for SmolLM2-135M it is a fifth of a prefill's multiplies).
+Built with ``skip_padding=True`` (what export does), every other linear layer
+reads a chunk's padded rows as zeros (:class:`PaddingRows`), so a backend whose
+kernel skips trailing zero rows (etsdk-aoti) multiplies the real rows only: a
+chunk of 25 tokens costs about 25 rows, not T. The real rows compute the same.
 
 :class:`WindowedCausalLM` (hf_static v2) is the form of a model with
 sliding-window layers: full layers keep S rows written at their positions,
@@ -30,9 +38,11 @@ import torch
 from etsdk import ExportError
 
 __all__ = [
+    "PaddingRows",
     "StaticCausalLM",
     "WRAPPED",
     "WindowedCausalLM",
+    "keeps_chosen_logits",
     "layer_kinds",
     "state_fqns",
     "unsupported_layer",
@@ -108,6 +118,73 @@ def _full_attention_config(config: Any, context_length: int) -> Any:
     return full
 
 
+def keeps_chosen_logits(model: Any) -> bool:
+    """Whether ``model`` can compute the logits of chosen rows only (transformers' ``logits_to_keep`` argument)."""
+    import inspect
+
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
+
+
+def _full_logits(model: Any, full_logits: bool) -> bool:
+    if not full_logits and not keeps_chosen_logits(model):
+        raise ExportError(f"{type(model).__name__} cannot compute chosen rows' logits (no logits_to_keep); build it with full_logits=True")
+    return full_logits
+
+
+def _logits(model: Any, full_logits: bool, causal: torch.Tensor, **inputs: Any) -> torch.Tensor:
+    """``model``'s logits ``[1, T, V]``: every row's, or (``full_logits`` False and T > 1) the last real row's (read
+    from ``causal``, the chunk's ``attention_mask``) and zeros."""
+    rows = int(inputs["input_ids"].shape[1])
+    if full_logits or rows == 1:
+        return model(**inputs).logits
+    from etsdk_hf_static.masks import last_real_row
+
+    keep = last_real_row(causal)
+    logits = model(logits_to_keep=keep, **inputs).logits
+    return logits.new_zeros((1, rows, logits.shape[-1])).index_copy(1, keep, logits)
+
+
+class PaddingRows:
+    """Zeroes a prefill chunk's padded rows in the input of every linear layer of a model but its output head.
+
+    Forward pre-hooks on the model's ``torch.nn.Linear`` and :class:`etsdk.QuantizedLinear` modules, active only
+    while a wrapper's forward has set :attr:`rows` (a chunk of more than one row): the real rows' inputs are
+    unchanged, so are their outputs; a padded row's product becomes the layer's bias. The rows' contents are
+    unspecified by the contract (nothing reads them), and a kernel that skips trailing zero rows multiplies only
+    the real ones. :meth:`close` removes the hooks (the exporter does once it has traced).
+    """
+
+    def __init__(self, model: Any) -> None:
+        from etsdk import QuantizedLinear
+
+        #: ``[T, 1]`` bool, True for the chunk's real rows; None outside a chunk's forward (the hooks do nothing)
+        self.rows: torch.Tensor | None = None
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        self._handles = [
+            module.register_forward_pre_hook(self._zero)
+            for module in model.modules()
+            if isinstance(module, (torch.nn.Linear, QuantizedLinear)) and module is not head
+        ]
+
+    def set(self, causal: torch.Tensor) -> None:
+        """Mark the real rows of the chunk ``causal`` (its ``attention_mask``) masks; a one-row call has none padded."""
+        from etsdk_hf_static.masks import last_real_row
+
+        rows = causal.shape[2]
+        self.rows = None if rows == 1 else (torch.arange(rows) <= last_real_row(causal)).reshape(rows, 1)
+
+    def _zero(self, module: Any, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        if self.rows is None or not args or args[0].dim() < 2 or args[0].shape[-2] != self.rows.shape[0]:
+            return None
+        return (torch.where(self.rows, args[0], 0.0), *args[1:])
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self.rows = None
+
+
 #: Where both wrappers hold the transformers model: their tensors' names are ``WRAPPED + the model's own``.
 WRAPPED = "model."
 
@@ -115,12 +192,14 @@ WRAPPED = "model."
 class StaticCausalLM(torch.nn.Module):
     """``model`` (a transformers causal LM) over a static cache of ``context_length`` rows."""
 
-    def __init__(self, model: Any, context_length: int) -> None:
+    def __init__(self, model: Any, context_length: int, *, full_logits: bool = True, skip_padding: bool = False) -> None:
         super().__init__()
         from transformers.cache_utils import StaticCache, StaticLayer
 
         config = model.config.get_text_config()
         self.model = model
+        self.full_logits = _full_logits(model, full_logits)
+        self.padding = PaddingRows(model) if skip_padding else None
         self.cache = StaticCache(max_cache_len=context_length, config=_full_attention_config(config, context_length))
         layers: list[StaticLayer] = []
         for i, layer in enumerate(self.cache.layers):
@@ -137,7 +216,12 @@ class StaticCausalLM(torch.nn.Module):
             self.register_buffer(f"cumulative_length_{i}", layer.cumulative_length, persistent=False)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        out = self.model(
+        if self.padding is not None:
+            self.padding.set(attention_mask)
+        logits = _logits(
+            self.model,
+            self.full_logits,
+            attention_mask,
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=positions.unsqueeze(0),
@@ -145,7 +229,9 @@ class StaticCausalLM(torch.nn.Module):
             past_key_values=self.cache,
             use_cache=True,
         )
-        return out.logits
+        if self.padding is not None:
+            self.padding.rows = None
+        return logits
 
 
 class _Target:
@@ -205,7 +291,15 @@ class WindowedCausalLM(torch.nn.Module):
     """
 
     def __init__(
-        self, model: Any, context_length: int, ring_rows: int | None, kinds: tuple[str, ...], cache_dtype: str = "float32"
+        self,
+        model: Any,
+        context_length: int,
+        ring_rows: int | None,
+        kinds: tuple[str, ...],
+        cache_dtype: str = "float32",
+        *,
+        full_logits: bool = True,
+        skip_padding: bool = False,
     ) -> None:
         super().__init__()
         from etsdk_hf_static.metadata import check_cache_dtype
@@ -213,6 +307,8 @@ class WindowedCausalLM(torch.nn.Module):
         check_cache_dtype(cache_dtype)
         config = model.config.get_text_config()
         self.model = model
+        self.full_logits = _full_logits(model, full_logits)
+        self.padding = PaddingRows(model) if skip_padding else None
         heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         int8 = cache_dtype == "int8"
@@ -243,14 +339,19 @@ class WindowedCausalLM(torch.nn.Module):
 
         forget_int8()
         self.cache.positions = positions
+        if self.padding is not None:
+            self.padding.set(attention_mask)
         mask: Any
         if self.by_type:  # models with per-layer types take one mask per type
             # (a window no shorter than S is full attention: hf_static v3 without ring caches)
             mask = {"full_attention": attention_mask, "sliding_attention": window_mask if self.has_window else attention_mask}
         else:  # every layer is the same kind (Mistral's sliding window)
             mask = window_mask if self.all_window else attention_mask
-        out = self.model(
-            input_ids=input_ids, attention_mask=mask, position_ids=positions.unsqueeze(0), past_key_values=self.cache, use_cache=True
+        logits = _logits(
+            self.model, self.full_logits, attention_mask, input_ids=input_ids, attention_mask=mask, position_ids=positions.unsqueeze(0),
+            past_key_values=self.cache, use_cache=True,
         )
         forget_int8()  # the dequantized caches of this step are not kept alive until the next one
-        return out.logits
+        if self.padding is not None:
+            self.padding.rows = None
+        return logits
