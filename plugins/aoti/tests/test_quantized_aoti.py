@@ -96,6 +96,11 @@ def test_trailing_zero_rows_are_not_multiplied_and_get_the_bias(name: str, rows:
     if real:
         assert torch.equal(got[:real], product(x[:real]))  # the rows in use: the very call on them alone
         torch.testing.assert_close(got[real // 2], bias, atol=1e-6, rtol=0)  # a zero row inside is multiplied
+    signed = x.clone()
+    signed[real] = -0.0  # not the +0.0 bytes padding has: multiplied (equal to zero, never wrong)
+    before = kernels.rows_multiplied()
+    product(signed)
+    assert kernels.rows_multiplied() - before == real + 1
 
 
 @pytest.mark.usefixtures("kernel_level")

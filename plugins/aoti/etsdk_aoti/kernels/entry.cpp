@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "aoti_shim.h"
@@ -94,12 +95,15 @@ bool input_rows(AtenTensorHandle x, const float** xf, int64_t* m_rows, int64_t* 
 // rows (etsdk-hf-static zeroes them), and a zero row's product is the bias (or zero): the products below multiply
 // only the rows before them and fill the rest (stored weights are finite, so 0 * w is 0 for each of them). A row is
 // scanned until its first non-zero value: a row in use usually stops the scan at once.
+// Zero means +0.0 (the bytes are compared, by memcmp's widest loads: a -0.0 row is multiplied, which is never wrong).
 // Counted in rows_multiplied.
 int64_t rows_in_use(const float* x, int64_t m_rows, int64_t k) {
+  static const float zeros[256] = {};
   for (; m_rows > 0; --m_rows) {
     const float* row = x + (m_rows - 1) * k;
-    for (int64_t j = 0; j < k; ++j) {
-      if (row[j] != 0.0f) {
+    for (int64_t j = 0; j < k; j += 256) {
+      const int64_t len = k - j < 256 ? k - j : 256;
+      if (std::memcmp(row + j, zeros, static_cast<size_t>(len) * sizeof(float)) != 0) {
         rows_multiplied.fetch_add(m_rows, std::memory_order_relaxed);
         return m_rows;
       }
@@ -109,10 +113,20 @@ int64_t rows_in_use(const float* x, int64_t m_rows, int64_t k) {
 }
 
 // y's rows [from, m_rows) of columns [column, column + n) (a row of y is `stride` floats): the bias, or zeros.
+// (memset / memcpy: the C library's widest stores, whatever this file's baseline target)
 void fill_rows(float* y, int64_t from, int64_t m_rows, int64_t stride, int64_t column, int64_t n, const float* bias) {
+  if (from >= m_rows) return;
+  if (!bias && column == 0 && n == stride) {  // whole rows of zeros: one run
+    std::memset(y + from * stride, 0, static_cast<size_t>((m_rows - from) * stride) * sizeof(float));
+    return;
+  }
   for (int64_t r = from; r < m_rows; ++r) {
     float* out = y + r * stride + column;
-    for (int64_t j = 0; j < n; ++j) out[j] = bias ? bias[j] : 0.0f;
+    if (bias) {
+      std::memcpy(out, bias, static_cast<size_t>(n) * sizeof(float));
+    } else {
+      std::memset(out, 0, static_cast<size_t>(n) * sizeof(float));
+    }
   }
 }
 
