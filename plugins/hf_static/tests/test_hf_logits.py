@@ -113,3 +113,22 @@ def test_zeroed_padding_leaves_the_real_rows_bit_for_bit(models: dict[str, Any],
 def test_export_leaves_no_hook_on_the_model(both: dict[bool, Path], models: dict[str, Any]) -> None:
     hooked = [name for name, module in models["llama"].named_modules() if module._forward_pre_hooks]
     assert hooked == []
+
+
+def test_padding_rows_touch_the_sequence_layout_only() -> None:
+    from etsdk_hf_static.exporting.module import PaddingRows
+
+    layer = torch.nn.Linear(5, 3)
+    model = torch.nn.Sequential(layer)
+    padding = PaddingRows(model)
+    x = torch.randn(1, 4, 5)
+    with torch.no_grad():
+        padding.set(causal_mask(0, 2, 4, 8))  # two real rows of four
+        zeroed = layer(x)
+        gathered = layer(x[0])  # [T, K]: rows in another order (a mixture of experts' tokens), left alone
+        padding.rows = None
+        plain = layer(x)
+    assert torch.equal(zeroed[0, :2], plain[0, :2]) and torch.equal(zeroed[0, 2:], layer.bias.expand(2, 3))
+    assert torch.equal(gathered, plain[0])
+    padding.close()
+    assert not layer._forward_pre_hooks

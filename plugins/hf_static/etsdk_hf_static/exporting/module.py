@@ -149,9 +149,9 @@ class PaddingRows:
 
     Forward pre-hooks on the model's ``torch.nn.Linear`` and :class:`etsdk.QuantizedLinear` modules, active only
     while a wrapper's forward has set :attr:`rows` (a chunk of more than one row): the real rows' inputs are
-    unchanged, so are their outputs; a padded row's product becomes the layer's bias. The rows' contents are
-    unspecified by the contract (nothing reads them), and a kernel that skips trailing zero rows multiplies only
-    the real ones. :meth:`close` removes the hooks (the exporter does once it has traced).
+    unchanged, so are their outputs; a padded row's product becomes the layer's bias. A padded row's results carry
+    no meaning (no real row attends to it), and a kernel that skips trailing zero rows multiplies only the real
+    ones. Only inputs laid out as the sequence, ``[1, T, K]``, are touched. :meth:`close` removes the hooks (the exporter does once it has traced).
     """
 
     def __init__(self, model: Any) -> None:
@@ -174,7 +174,9 @@ class PaddingRows:
         self.rows = None if rows == 1 else (torch.arange(rows) <= last_real_row(causal)).reshape(rows, 1)
 
     def _zero(self, module: Any, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
-        if self.rows is None or not args or args[0].dim() < 2 or args[0].shape[-2] != self.rows.shape[0]:
+        # only the sequence's own layout, [1, T, K]: a layer fed tokens in another order (a mixture of experts'
+        # gathered rows) or another axis is left alone
+        if self.rows is None or not args or tuple(args[0].shape[:2]) != (1, self.rows.shape[0]) or args[0].dim() != 3:
             return None
         return (torch.where(self.rows, args[0], 0.0), *args[1:])
 
