@@ -43,6 +43,11 @@ machine's bandwidth). A decode step must read every weight once, so
 With ``--quantize`` / ``--gguf`` the limit counts the packed bytes: the float32 read's bytes per second times the
 quantized weights' bytes (``weight_bytes`` is then the quantized size, ``float_weight_bytes`` the float32 one).
 
+``--tail N``: after the decode steps, ``etsdk`` and ``llama_cpp`` also write N more tokens (a chat's next turn: a
+prefill shorter than T after the conversation so far; etsdk's is one padded call) and report
+``<path>_tail_prefill_ms`` (median) and ``etsdk_vs_llama_cpp_tail_prefill`` (llama.cpp / etsdk: > 1 when etsdk is
+faster); the other paths' keys are null.
+
 ``--contended``: every round runs each path twice, quiet and with one competing busy process (a Python busy loop,
 started before and killed after that path's contended half); reports ``<path>_contended_tokens_per_s`` and
 ``<path>_contended_over_quiet``.
@@ -298,6 +303,8 @@ def main() -> None:
     parser.add_argument("--weights-dtype", choices=("float32", "bfloat16", "float16"), default="float32",
                         help="the etsdk program's weight dtype (16-bit: widened to float32 where used)")
     parser.add_argument("--llama-cpp", action="store_true", help="add llama.cpp on a GGUF file of the same weights")
+    parser.add_argument("--tail", type=int, default=0, metavar="N",
+                        help="after decoding, time a prefill of N more tokens (a next turn) on etsdk and llama.cpp")
     parser.add_argument(
         "--cpu-target", default=None, metavar="NAME",
         help="compile the etsdk programs' AOTInductor code for this CPU target (x86-64-v3: AVX2, with ETSDK_AOTI_ISA=avx2 "
@@ -313,9 +320,11 @@ def main() -> None:
         args.hidden, args.layers, args.vocab = 64, 1, 256
         args.prefill, args.context, args.new, args.rounds = 4, 16, 4, 1
         args.no_xnnpack = True  # a slow optional peer: its keys stay, null
+    if args.smoke and args.tail:
+        args.tail = 3
     T, S = args.prefill, args.context
-    if T + args.new > S:
-        parser.error("prefill + new must fit the context")
+    if T + args.new + 1 + args.tail > S:
+        parser.error("prefill + new (+ tail) must fit the context")
     if args.quantize and args.gguf:
         parser.error("--quantize and --gguf are two ways to quantize: give one")
     narrow = args.weights_dtype != "float32"
@@ -386,10 +395,15 @@ def main() -> None:
         eager_counters = [b for n, b in eager.named_buffers() if n.startswith("cumulative_length")]
         peers: dict[str, Any] = {}
 
+        tails: dict[str, list[float]] = {"etsdk": [], "llama_cpp": []}
+        tail_tokens = torch.randint(0, model.config.vocab_size, (args.tail,), generator=torch.Generator().manual_seed(1)).tolist()
+
         def run_etsdk(steps: int, which: Any = None) -> tuple[float, float, float]:
             conversation = (which or runner).new_conversation()
             faults = _minor_faults()
             result = conversation.generate(prompt, max_new_tokens=steps + 1, stop_at_eos=False)
+            if tail_tokens and which is None:  # the next turn's prompt: its calls, up to the logits of its last row
+                tails["etsdk"].append(conversation.generate(tail_tokens, max_new_tokens=1, stop_at_eos=False).prefill_ms)
             return result.prefill_ms, result.decode_tokens_per_s, (_minor_faults() - faults) / (steps + 1)
 
         def run_eager(steps: int) -> tuple[float, float, float]:
@@ -465,6 +479,9 @@ def main() -> None:
 
                 faults = _minor_faults()
                 seconds = _time(decode)
+                if tail_tokens:
+                    llm.eval([token])  # the last chosen token, as etsdk's conversation holds it
+                    tails["llama_cpp"].append(_time(lambda: llm.eval(tail_tokens)) * 1e3)
                 return prefill_s * 1e3, steps / seconds, (_minor_faults() - faults) / steps
 
             peers["llama_cpp"] = run_llama_cpp
@@ -550,6 +567,12 @@ def main() -> None:
     out["etsdk_vs_etsdk_float_decode"] = out["etsdk_tokens_per_s"] / floating if floating is not None else None
     llama = out["llama_cpp_tokens_per_s"]
     out["etsdk_vs_llama_cpp_decode"] = out["etsdk_tokens_per_s"] / llama if llama is not None else None
+    out["tail_tokens"] = args.tail
+    for name in ("etsdk", "llama_cpp"):  # the rounds' tails: not the warm-up's (the first), nor the traffic runs'
+        runs = tails[name][1 : 1 + args.rounds] if args.tail else []
+        out[f"{name}_tail_prefill_ms"] = statistics.median(runs) if runs else None
+    both = out["etsdk_tail_prefill_ms"], out["llama_cpp_tail_prefill_ms"]
+    out["etsdk_vs_llama_cpp_tail_prefill"] = both[1] / both[0] if None not in both else None
     from etsdk.backend import host_cpu
     from etsdk_aoti.kernels import current_level
 

@@ -98,6 +98,10 @@ EXPECTED_KEYS: dict[str, set[str]] = {
             for key in ("tokens_per_s", "prefill_ms", "fraction_of_limit", "minor_faults_per_step")
         ),
         "traffic_counters",
+        "tail_tokens",
+        "etsdk_tail_prefill_ms",
+        "llama_cpp_tail_prefill_ms",
+        "etsdk_vs_llama_cpp_tail_prefill",
         "etsdk_runner_us_per_step",
         "etsdk_program_run_us_per_step",
         "etsdk_vs_eager_decode",
@@ -175,7 +179,8 @@ WORKDIR_FLAG = {"hf_static_decode": "--workdir", "serve_vs_llama_server": "--wor
 SCRIPTS = sorted({p.stem for p in BENCHMARKS.glob("*.py")} | set(EXPECTED_KEYS))
 #: further smoke runs of one script with other flags: (script, flags), each its own test
 VARIANTS = [
-    ("hf_static_decode", ["--quantize", "int4"]),  # the quantized paths (llama.cpp is a benchmark-only install)
+    # the quantized paths (llama.cpp is a benchmark-only install) and a next turn's prefill
+    ("hf_static_decode", ["--quantize", "int4", "--tail", "3"]),
     ("quantized_kernels", ["--levels", "all"]),  # the kernels at every instruction-set level this host runs
     ("hf_static_decode", ["--weights-dtype", "bfloat16"]),  # 16-bit weights beside the float32 program
     # export from a checkpoint directory, the model built on the meta device (the default load: the --shape run)
