@@ -118,7 +118,7 @@ RATIOS = {
     "ttft_ms": False, "decode_tokens_per_s": True, "concurrent_ttft_ms": False, "concurrent_decode_tokens_per_s": True,
     "concurrent_aggregate_tokens_per_s": True, "turn_ttft_ms": False,
 }
-LAYOUT = 2  # bump when the files written to --workdir change
+LAYOUT = 3  # bump when the files written to --workdir change
 
 
 # ------------------------------------------------------------------ model, tokenizer, files
