@@ -4,8 +4,9 @@
 of an ATen operator unless an overload is named) and the ONNX operators each
 becomes; the README renders the same table. A node is claimed when its operator
 is in the table, no tensor it produces or reads is float64 or complex (TensorRT
-computes neither), an ``index_put`` does not accumulate and a ``sort`` spans at
-most 3840 elements (TensorRT's TopK limit).
+computes neither), an ``index_put`` does not accumulate, an ``index`` selects along one
+dimension by one integer tensor (a Gather: hf_static's last-real-row logits) and a ``sort``
+spans at most 3840 elements (TensorRT's TopK limit).
 
 One delegate per method: the claimed nodes are grouped into convex partitions
 and only the largest becomes a TensorRT engine; the rest stay for later
@@ -69,6 +70,7 @@ OPERATORS: Mapping[str, str] = {
     "aten::clone": "Identity",
     "aten::embedding": "Gather",
     "aten::index_select": "Gather",
+    "aten::index.Tensor": "Gather (one integer index tensor, the other dimensions whole)",
     "aten::mean": "ReduceMean",
     "aten::sum": "ReduceSum",
     "aten::amax": "ReduceMax",
@@ -124,10 +126,17 @@ MAX_SORT = 3840
 
 
 def supported(node: torch.fx.Node) -> bool:
-    """Beyond the operator table: no float64 / complex tensors, no accumulating ``index_put``, no long sorts."""
+    """Beyond the operator table: no float64 / complex tensors, no accumulating ``index_put``, an ``index`` that is
+    a Gather (one integer index tensor), no long sorts."""
     name = aten_name(node.target) or ""
     if name.startswith("aten::index_put") and (len(node.args) > 3 and node.args[3] or node.kwargs.get("accumulate")):
         return False
+    if name == "aten::index.Tensor":
+        indices = node.args[1] if len(node.args) > 1 else ()
+        given = [i for i in indices if i is not None]
+        value = given[0].meta.get("val") if len(given) == 1 and isinstance(given[0], torch.fx.Node) else None
+        if value is None or value.dtype not in (torch.int64, torch.int32) or value.dim() != 1:
+            return False
     if name.startswith("aten::sort"):
         source = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
         dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", -1)

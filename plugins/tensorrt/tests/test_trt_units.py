@@ -8,6 +8,7 @@ from pathlib import Path
 
 import etsdk
 import pytest
+import torch
 from etsdk_tensorrt import blob_format
 from etsdk_tensorrt.options import BuildOptions
 from etsdk_tensorrt.partitioner import OPERATORS
@@ -146,7 +147,7 @@ def test_state_lives_where_the_engine_runs() -> None:
 
 def test_the_readme_table_is_the_partitioners() -> None:
     section = README.read_text().split("### Claimed operators", 1)[1].split("\n## ", 1)[0]
-    rows = dict(re.findall(r"^\| `([a-z_:]+)` \| (.+?) \|$", section, flags=re.MULTILINE))
+    rows = dict(re.findall(r"^\| `([A-Za-z_:.]+)` \| (.+?) \|$", section, flags=re.MULTILINE))  # "ns::op.overload" too
     assert rows == dict(OPERATORS)
 
 
@@ -210,3 +211,17 @@ def test_a_weight_stripped_engine_runs_only_once_refitted_from_matching_weights(
         engine.refit(trt, found, wrong, error=etsdk.ProgramError, where="method 'm'")
     engine.refit(trt, found, built, error=etsdk.ProgramError, where="method 'm'")
     assert not found._weightless  # the stand-in's record of values still missing
+
+
+def test_an_index_is_claimed_only_as_a_gather() -> None:
+    from executorch.exir import to_edge
+    from etsdk_tensorrt.partitioner import supported
+
+    class Pick(torch.nn.Module):
+        def forward(self, x: torch.Tensor, rows: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return x[:, rows, :], x[:, mask, :], x[rows, rows]  # a Gather; a boolean mask; two index tensors
+
+    x, rows, mask = torch.randn(2, 5, 3), torch.tensor([4]), torch.tensor([True, False, True, False, True])
+    graph = to_edge(torch.export.export(Pick(), (x, rows, mask))).exported_program().graph
+    indexing = [n for n in graph.nodes if n.op == "call_function" and "index" in str(n.target)]
+    assert [supported(n) for n in indexing] == [True, False, False], [str(n.target) for n in indexing]
