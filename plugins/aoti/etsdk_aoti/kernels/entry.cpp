@@ -93,10 +93,9 @@ bool input_rows(AtenTensorHandle x, const float** xf, int64_t* m_rows, int64_t* 
 
 // Rows of x [M, K] up to its last row holding a non-zero value. A padded prefill chunk's linear layers read zero
 // rows (etsdk-hf-static zeroes them), and a zero row's product is the bias (or zero): the products below multiply
-// only the rows before them and fill the rest (stored weights are finite, so 0 * w is 0 for each of them). A row is
-// scanned until its first non-zero value: a row in use usually stops the scan at once.
-// Zero means +0.0 (the bytes are compared, by memcmp's widest loads: a -0.0 row is multiplied, which is never wrong).
-// Counted in rows_multiplied.
+// only the rows before them and fill the rest (stored weights are finite, so 0 * w is 0 for each of them). Zero
+// means +0.0 bytes, compared by memcmp's widest loads (a -0.0 row is multiplied, which is never wrong); a row in use
+// usually ends the scan at its first bytes. Counted in rows_multiplied.
 int64_t rows_in_use(const float* x, int64_t m_rows, int64_t k) {
   static const float zeros[256] = {};
   for (; m_rows > 0; --m_rows) {
