@@ -133,7 +133,7 @@ def supported(node: torch.fx.Node) -> bool:
         return False
     if name == "aten::index.Tensor":
         indices = node.args[1] if len(node.args) > 1 else ()
-        given = [i for i in indices if i is not None]
+        given = [i for i in indices if i is not None] if isinstance(indices, (list, tuple)) else []
         value = given[0].meta.get("val") if len(given) == 1 and isinstance(given[0], torch.fx.Node) else None
         if value is None or value.dtype not in (torch.int64, torch.int32) or value.dim() != 1:
             return False

@@ -214,8 +214,8 @@ def test_a_weight_stripped_engine_runs_only_once_refitted_from_matching_weights(
 
 
 def test_an_index_is_claimed_only_as_a_gather() -> None:
-    from executorch.exir import to_edge
     from etsdk_tensorrt.partitioner import supported
+    from executorch.exir import to_edge
 
     class Pick(torch.nn.Module):
         def forward(self, x: torch.Tensor, rows: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
