@@ -41,6 +41,32 @@ def test_the_kernel_computes_sdpa_and_reads_only_the_filled_rows(hq: int, h: int
 
 
 @pytest.mark.usefixtures("kernel_level")
+@pytest.mark.parametrize("int8", [False, True])
+def test_repeated_query_rows_are_copied_not_computed(int8: bool) -> None:
+    # a padded prefill chunk: rows 3.. are zeros under the last real row's mask; a row equal to the one before it
+    # under another mask row (row 1 of head 0 below), or under an equal mask row but with other values, is computed
+    from etsdk.backend import quantize_rows
+
+    hq, h, visible = 6, 2, [4, 5, 6, 6, 6, 6, 6, 6]
+    q, k, v, mask = _case(hq, h, len(visible), 64, visible, seed=3)
+    q[:, :, 3:] = 0.0
+    q[:, 0, 1] = q[:, 0, 0]  # same values, another mask row: computed
+    q[:, 1, 4] = 1.0  # head 1: rows 4 and 5 differ from the row before them, so 6 of its 8 rows are computed
+    q[:, 2, 5] = -0.0  # equal as numbers to the row before it (the rotary embedding gives zeros either sign)
+    operands: tuple[torch.Tensor, ...] = (k, v)
+    if int8:
+        (kq, ks), (vq, vs) = quantize_rows(k), quantize_rows(v)
+        k, v = kq.float() * ks, vq.float() * vs
+        operands = (kq, vq, ks, vs)
+    before = kernels.attention_queries_attended()
+    out = kernels.attention(q, operands[0], operands[1], mask, 0.25, *operands[2:])
+    assert kernels.attention_queries_attended() - before == hq * 4 + 2  # rows 0-3 of every head, head 1's rows 4-5
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.25, enable_gqa=True)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(out[:, 0, 4:], out[:, 0, 3:4].expand(-1, 4, -1))  # copies of the run's computed row
+
+
+@pytest.mark.usefixtures("kernel_level")
 def test_a_ring_mask_with_gaps_is_honoured() -> None:
     q, k, v, mask = _case(2, 1, 1, 13, [0])
     mask[0, 0, 0] = torch.tensor([i in (0, 1, 2, 9, 10, 11, 12) for i in range(13)])  # wrapped ring slots

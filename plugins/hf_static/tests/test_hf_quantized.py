@@ -266,11 +266,16 @@ def test_a_padded_prefill_chunk_multiplies_its_real_rows_only(plan: str, program
     from etsdk_hf_static.runtime.planning import Step
 
     runner = HfStaticRunner.from_file(programs(plan))
-    multiplied = {}
+    multiplied, attended = {}, {}
     for real in (3, T):
         conversation = runner.new_conversation()
-        before = kernels.rows_multiplied()
+        before, queries = kernels.rows_multiplied(), kernels.attention_queries_attended()
         conversation.run_step(Step("prefill", 0, tuple(prompt_of(real, seed=2)), T))
         multiplied[real] = kernels.rows_multiplied() - before
+        attended[real] = kernels.attention_queries_attended() - queries
     products = (multiplied[T] - 1) // T  # every layer's products; the head multiplies one row: the last real one
     assert products > 0 and multiplied == {3: 3 * products + 1, T: T * products + 1}
+    # attention computes the real rows and the first padded one (zeros under the last real row's mask); the other
+    # padded rows repeat it and are copied
+    heads = attended[T] // T  # query heads times layers
+    assert heads > 0 and attended == {3: 4 * heads, T: T * heads}

@@ -76,6 +76,7 @@ __all__ = [
     "QMM",
     "QMM_A8",
     "attention",
+    "attention_queries_attended",
     "attention_rows_read",
     "linear",
     "load",
@@ -360,6 +361,16 @@ def attention_rows_read() -> int:
     load()
     assert _loaded is not None
     function = _loaded.etsdk_attention_rows_read
+    function.restype = ctypes.c_int64
+    return int(function())
+
+
+def attention_queries_attended() -> int:
+    """Query rows (one per head and position) the native attention kernel has computed in this process: a row
+    bitwise equal to the one before it under an equal mask row (a padded prefill chunk's) is copied, not computed."""
+    load()
+    assert _loaded is not None
+    function = _loaded.etsdk_attention_queries_attended
     function.restype = ctypes.c_int64
     return int(function())
 

@@ -24,6 +24,13 @@
 // sizes (chunk_general) take one query row at a time.
 // A masked row weighs nothing, whatever its key or value holds (inf and NaN too); a query row that sees nothing gets
 // zeros (the exporters never make one).
+//
+// Repeated query rows: a query row equal to the row before it (same head; value by value, so +0 matches -0), under a
+// mask row equal to the one before it, has that row's output, so it is copied, not computed (the exact result, not an
+// approximation). A padded
+// prefill chunk is made of such rows: etsdk-hf-static zeroes a padded row's input to every linear layer and gives it
+// the last real row's mask, so its query rows are equal (zeros, or the projection's bias) and a 38-token chunk of 64
+// rows attends 39 rows, not 64.
 
 #include <omp.h>
 
@@ -197,12 +204,15 @@ inline void weighted_sums_n(int n, const float* const* w, const T* rows, int64_t
   weighted_sums<T, D, N, kEvery>(w, rows, count, out);
 }
 
-// Where a task's work goes and what it reads: the task's chunk of one key / value head, for every query row of that
-// head's group (query rows 0 .. queries: head hk * group + query / L, position query % L).
+// Where a task's work goes and what it reads: the task's chunk of one key / value head, for the query rows of that
+// head's group that are computed (live[0 .. count), of the group's rows 0 .. queries: head hk * group + query / L,
+// position query % L; the others repeat the row before them).
 struct Task {
   int64_t index, b, hk, first, rows, head;  // head: the first row of this key / value head in k, v and the scales
   int64_t group, queries, Hq, L, S, MB;
   float s;
+  const int64_t* live;
+  int64_t count;
 };
 
 // One task for heads of D values (64, 128): its chunk of key / value rows is read in blocks of 16 rows, each block
@@ -214,8 +224,8 @@ void chunk_blocked(const Task& t, const float* q, Rows<T> k, Rows<T> v, const bo
   alignas(64) float wide[16 * D];  // a block of int8 rows as floats
   const float* kscale = k.scale ? k.scale + t.head + t.first : nullptr;
   const float* vscale = v.scale ? v.scale + t.head + t.first : nullptr;
-  for (int64_t q0 = 0; q0 < t.queries; q0 += kQueries) {
-    const int64_t nq = std::min(kQueries, t.queries - q0);
+  for (int64_t q0 = 0; q0 < t.count; q0 += kQueries) {
+    const int64_t nq = std::min(kQueries, t.count - q0);
     // scores of every query row against the chunk
     for (int64_t j = 0; j < t.rows; j += 16) {
       const int64_t count = std::min<int64_t>(16, t.rows - j);
@@ -223,14 +233,14 @@ void chunk_blocked(const Task& t, const float* q, Rows<T> k, Rows<T> v, const bo
       if (ahead > 0) prefetch_rows<T, D>(k.data + (t.head + t.first + j + kAhead) * D, ahead);
       const float* block = widened<D>(k.data + (t.head + t.first + j) * D, count, wide);
       for (int64_t i = 0; i < nq; ++i) {
-        const int64_t query = q0 + i, h = t.hk * t.group + query / t.L, l = query % t.L;
+        const int64_t query = t.live[q0 + i], h = t.hk * t.group + query / t.L, l = query % t.L;
         dots<float, D>(q + ((t.b * t.Hq + h) * t.L + l) * D, block, count, D, scores + i * kChunk + j);
       }
     }
     // per query row: its softmax share; the weights carry the value rows' scales
     bool every[kQueries];  // the query row sees every row of the chunk
     for (int64_t i = 0; i < nq; ++i) {
-      const int64_t query = q0 + i, l = query % t.L;
+      const int64_t query = t.live[q0 + i], l = query % t.L;
       const size_t slot = static_cast<size_t>(t.index * t.queries + query);
       const bool* mr = m + ((t.MB == 1 ? 0 : t.b) * t.L + l) * t.S + t.first;
       for (int64_t e = 0; e < D; e += 16) vec::store(part_out + slot * D + e, vec::zero());
@@ -246,7 +256,7 @@ void chunk_blocked(const Task& t, const float* q, Rows<T> k, Rows<T> v, const bo
       bool all = true;
       for (int u = 0; u < n; ++u) {
         w[u] = scores + (i + u) * kChunk;
-        o[u] = part_out + static_cast<size_t>(t.index * t.queries + q0 + i + u) * D;
+        o[u] = part_out + static_cast<size_t>(t.index * t.queries + t.live[q0 + i + u]) * D;
         all = all && every[i + u];
       }
       if (all) {
@@ -298,8 +308,8 @@ void chunk_general(const Task& t, const float* q, Rows<T> k, Rows<T> v, const bo
                    float* part_out, float* scores, int64_t E, int64_t Ev) {
   const float* kscale = k.scale ? k.scale + t.head + t.first : nullptr;
   const float* vscale = v.scale ? v.scale + t.head + t.first : nullptr;
-  for (int64_t query = 0; query < t.queries; ++query) {
-    const int64_t h = t.hk * t.group + query / t.L, l = query % t.L;
+  for (int64_t i = 0; i < t.count; ++i) {
+    const int64_t query = t.live[i], h = t.hk * t.group + query / t.L, l = query % t.L;
     const size_t slot = static_cast<size_t>(t.index * t.queries + query);
     const bool* mr = m + ((t.MB == 1 ? 0 : t.b) * t.L + l) * t.S + t.first;
     dots<T, 0>(q + ((t.b * t.Hq + h) * t.L + l) * E, k.data + (t.head + t.first) * E, t.rows, E, scores);
@@ -308,14 +318,40 @@ void chunk_general(const Task& t, const float* q, Rows<T> k, Rows<T> v, const bo
   }
 }
 
+// Per query row (b, h, l) of q [B, Hq, L, E]: 1 when it repeats row l - 1 of the same head under a mask row equal to
+// row l - 1's (so its output is that row's), else 0. Values compare as numbers: +0 and -0 match (a padded row's zeros
+// come out of the rotary embedding with either sign), NaN never does. Row 0 never repeats: every run starts computed.
+inline std::vector<uint8_t> repeats(const float* q, const bool* m, int64_t B, int64_t Hq, int64_t L, int64_t E, int64_t S,
+                                    int64_t MB) {
+  std::vector<uint8_t> repeat(static_cast<size_t>(B * Hq * L), 0);
+  if (L < 2) return repeat;  // decode: one row, nothing to compare
+  std::vector<uint8_t> same_mask(static_cast<size_t>(MB * L), 0);
+  for (int64_t mb = 0; mb < MB; ++mb)
+    for (int64_t l = 1; l < L; ++l) {
+      const bool* row = m + (mb * L + l) * S;
+      same_mask[static_cast<size_t>(mb * L + l)] = std::memcmp(row, row - S, static_cast<size_t>(S)) == 0;
+    }
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < Hq; ++h)
+      for (int64_t l = 1; l < L; ++l) {
+        if (!same_mask[static_cast<size_t>((MB == 1 ? 0 : b) * L + l)]) continue;
+        const float* row = q + ((b * Hq + h) * L + l) * E;
+        bool same = true;
+        for (int64_t e = 0; e < E && same; ++e) same = row[e] == row[e - E];
+        repeat[static_cast<size_t>((b * Hq + h) * L + l)] = same;
+      }
+  return repeat;
+}
+
 // The attention itself, for either form: q [B, Hq, L, E], mask [MB, 1, L, S], out [B, Hq, L, Ev]. Each task takes
 // one key / value head and a chunk of its rows, and for every query row of the heads that read it computes a partial
 // softmax (its maximum, its sum, its unnormalised output); a second pass combines the chunks of each query row (as
 // flash-decoding does). D: the head size when it is known at compile time (64, 128: E == Ev == D; the dot products
-// unroll and a query row's output stays in registers), 0 otherwise. Returns n, the rows read.
+// unroll and a query row's output stays in registers), 0 otherwise. Returns n, the rows read; *attended: the query
+// rows computed (the others repeat the row before them: repeats()).
 template <typename T, int64_t D>
 int64_t attend(const float* q, Rows<T> k, Rows<T> v, const bool* m, float* out, int64_t B, int64_t Hq, int64_t L,
-               int64_t E_, int64_t H, int64_t S, int64_t Ev_, int64_t MB, float s) {
+               int64_t E_, int64_t H, int64_t S, int64_t Ev_, int64_t MB, float s, int64_t* attended) {
   const int64_t E = D ? D : E_, Ev = D ? D : Ev_;
   // n: one past the last column some row sees (mask rows of every batch entry)
   int64_t n = 0;
@@ -331,6 +367,20 @@ int64_t attend(const float* q, Rows<T> k, Rows<T> v, const bool* m, float* out, 
   const int64_t group = Hq / H;
   const int64_t chunks = std::max<int64_t>(1, (n + kChunk - 1) / kChunk);
   const int64_t queries = group * L;  // query rows reading one key / value head
+  // per (b, hk): the query rows computed (live[bhk * queries ..], live_count[bhk] of them)
+  const std::vector<uint8_t> repeat = repeats(q, m, B, Hq, L, E, S, MB);
+  std::vector<int64_t> live(static_cast<size_t>(B * H * queries)), live_count(static_cast<size_t>(B * H));
+  *attended = 0;
+  for (int64_t bhk = 0; bhk < B * H; ++bhk) {
+    const int64_t b = bhk / H, hk = bhk % H;
+    int64_t count = 0;
+    for (int64_t query = 0; query < queries; ++query) {
+      const int64_t h = hk * group + query / L, l = query % L;
+      if (!repeat[static_cast<size_t>((b * Hq + h) * L + l)]) live[static_cast<size_t>(bhk * queries + count++)] = query;
+    }
+    live_count[static_cast<size_t>(bhk)] = count;
+    *attended += count;
+  }
   // per (b, hk, chunk, query row): the chunk's maximum score, its sum of exp, its unnormalised output
   std::vector<float> part_max(static_cast<size_t>(B * H * chunks * queries));
   std::vector<float> part_sum(part_max.size());
@@ -343,7 +393,8 @@ int64_t attend(const float* q, Rows<T> k, Rows<T> v, const bool* m, float* out, 
     for (int64_t task = 0; task < B * H * chunks; ++task) {
       const int64_t c = task % chunks, bhk = task / chunks, b = bhk / H, hk = bhk % H;
       const int64_t first = c * kChunk, rows = std::min(n, first + kChunk) - first;
-      const Task t{task, b, hk, first, rows, (b * H + hk) * S, group, queries, Hq, L, S, MB, s};
+      const Task t{task,  b,  hk, first, rows, (b * H + hk) * S, group, queries, Hq, L, S, MB, s,
+                   live.data() + bhk * queries, live_count[static_cast<size_t>(bhk)]};
       if constexpr (D > 0) {
         chunk_blocked<T, D>(t, q, k, v, m, part_max.data(), part_sum.data(), part_out.data(), scores.data());
       } else {
@@ -355,6 +406,7 @@ int64_t attend(const float* q, Rows<T> k, Rows<T> v, const bool* m, float* out, 
     for (int64_t bq = 0; bq < B * H * queries; ++bq) {
       const int64_t bhk = bq / queries, query = bq % queries, b = bhk / H, hk = bhk % H;
       const int64_t h = hk * group + query / L, l = query % L;
+      if (repeat[static_cast<size_t>((b * Hq + h) * L + l)]) continue;  // copied below
       float* o = out + ((b * Hq + h) * L + l) * Ev;
       float best = -INFINITY;
       for (int64_t c = 0; c < chunks; ++c)
@@ -376,6 +428,15 @@ int64_t attend(const float* q, Rows<T> k, Rows<T> v, const bool* m, float* out, 
 #pragma omp simd
       for (int64_t e = 0; e < Ev; ++e) o[e] *= inv;
     }
+    // a repeated row: the output of the computed row its run starts from (every one written: the loop above ends
+    // with the team's barrier)
+#pragma omp for schedule(static)
+    for (int64_t row = 0; row < B * Hq * L; ++row) {
+      if (!repeat[static_cast<size_t>(row)]) continue;
+      int64_t from = row - 1;
+      while (repeat[static_cast<size_t>(from)]) --from;
+      std::memcpy(out + row * Ev, out + from * Ev, sizeof(float) * static_cast<size_t>(Ev));
+    }
   }
   return n;
 }
@@ -383,23 +444,23 @@ int64_t attend(const float* q, Rows<T> k, Rows<T> v, const bool* m, float* out, 
 // attend() with the head size fixed at compile time where it is a common one.
 template <typename T>
 int64_t dispatch(const float* q, Rows<T> k, Rows<T> v, const bool* m, float* out, int64_t B, int64_t Hq, int64_t L,
-                 int64_t E, int64_t H, int64_t S, int64_t Ev, int64_t MB, float s) {
-  if (E == 64 && Ev == 64) return attend<T, 64>(q, k, v, m, out, B, Hq, L, E, H, S, Ev, MB, s);
-  if (E == 128 && Ev == 128) return attend<T, 128>(q, k, v, m, out, B, Hq, L, E, H, S, Ev, MB, s);
-  return attend<T, 0>(q, k, v, m, out, B, Hq, L, E, H, S, Ev, MB, s);
+                 int64_t E, int64_t H, int64_t S, int64_t Ev, int64_t MB, float s, int64_t* attended) {
+  if (E == 64 && Ev == 64) return attend<T, 64>(q, k, v, m, out, B, Hq, L, E, H, S, Ev, MB, s, attended);
+  if (E == 128 && Ev == 128) return attend<T, 128>(q, k, v, m, out, B, Hq, L, E, H, S, Ev, MB, s, attended);
+  return attend<T, 0>(q, k, v, m, out, B, Hq, L, E, H, S, Ev, MB, s, attended);
 }
 
 }  // namespace
 
 int64_t attention(const float* q, const void* k, const float* k_scale, const void* v, const float* v_scale,
                   const bool* mask, float* out, int64_t B, int64_t Hq, int64_t L, int64_t E, int64_t H, int64_t S,
-                  int64_t Ev, int64_t MB, float scale) {
+                  int64_t Ev, int64_t MB, float scale, int64_t* attended) {
   if (k_scale) {
     return dispatch<int8_t>(q, {static_cast<const int8_t*>(k), k_scale}, {static_cast<const int8_t*>(v), v_scale}, mask,
-                            out, B, Hq, L, E, H, S, Ev, MB, scale);
+                            out, B, Hq, L, E, H, S, Ev, MB, scale, attended);
   }
   return dispatch<float>(q, {static_cast<const float*>(k), nullptr}, {static_cast<const float*>(v), nullptr}, mask, out,
-                         B, Hq, L, E, H, S, Ev, MB, scale);
+                         B, Hq, L, E, H, S, Ev, MB, scale, attended);
 }
 
 }  // namespace etsdk_kernels

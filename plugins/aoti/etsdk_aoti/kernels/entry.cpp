@@ -27,6 +27,7 @@ using etsdk_kernels::Weights;
 
 std::atomic<const KernelTable*> selected{nullptr};
 std::atomic<int64_t> rows_read{0};
+std::atomic<int64_t> queries_attended{0};
 std::atomic<int64_t> rows_multiplied{0};
 
 const KernelTable* table() { return selected.load(std::memory_order_acquire); }
@@ -219,9 +220,12 @@ AOTITorchError attention(AtenTensorHandle query, AtenTensorHandle key, const flo
   if (!kernels || !attention_operands(query, key, value, mask, cache_dtype, &qs, &ks, &vs, &ms, &qp, &kp, &vp, &mp, ret0, &out))
     return AOTI_TORCH_FAILURE;
   if (qs[0] == 0 || qs[1] == 0 || qs[2] == 0) return AOTI_TORCH_SUCCESS;
+  int64_t attended = 0;
   const int64_t n = kernels->attention(static_cast<const float*>(qp), kp, kscale, vp, vscale, static_cast<const bool*>(mp), out,
-                                       qs[0], qs[1], qs[2], qs[3], ks[1], ks[2], vs[3], ms[0], static_cast<float>(scale));
+                                       qs[0], qs[1], qs[2], qs[3], ks[1], ks[2], vs[3], ms[0], static_cast<float>(scale),
+                                       &attended);
   rows_read.fetch_add(n, std::memory_order_relaxed);
+  queries_attended.fetch_add(attended, std::memory_order_relaxed);
   return AOTI_TORCH_SUCCESS;
 }
 
@@ -245,6 +249,10 @@ ETSDK_EXPORT const char* etsdk_aoti_level() {
 
 // Key / value rows the attention kernels have read in this process (the sum of n over their calls).
 ETSDK_EXPORT int64_t etsdk_attention_rows_read() { return rows_read.load(); }
+
+// Query rows (per head) the attention kernels have computed in this process: a row that repeats the one before it,
+// under an equal mask row, is copied instead (a padded prefill chunk's rows).
+ETSDK_EXPORT int64_t etsdk_attention_queries_attended() { return queries_attended.load(); }
 
 // Rows of x the linear products (qmm, qmm_a8, linear) have multiplied in this process: trailing zero rows are not.
 ETSDK_EXPORT int64_t etsdk_rows_multiplied() { return rows_multiplied.load(); }

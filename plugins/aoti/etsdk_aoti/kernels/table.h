@@ -17,7 +17,7 @@
 namespace etsdk_kernels {
 
 // Bump when a struct or a signature below changes: a level library of another ABI is refused at load.
-constexpr int32_t kTableAbi = 1;
+constexpr int32_t kTableAbi = 2;
 
 // One weight in a quantized planes format (etsdk._format.weight_format):
 //   bits 8, group 0 : q8 int8 [n, k], scales [n]                 w = q * s
@@ -62,10 +62,11 @@ struct KernelTable {
   // sdpa(q [B, Hq, L, E], k [B, H, S, E], v [B, H, S, Ev], mask [MB, 1, L, S]) with grouped heads (Hq % H == 0)
   // into out [B, Hq, L, Ev]; key / value float32, or int8 with a float32 scale per row (k_scale / v_scale
   // [B, H, S], null for float rows). Reads only rows 0 .. n-1 (n: one past the last column any mask row sees) and
-  // returns n. A query row that sees nothing gets zeros.
+  // returns n. A query row that sees nothing gets zeros. A query row equal to the one before it (as numbers) under an
+  // equal mask row is not computed again (it gets that row's output); *attended: the query rows computed.
   int64_t (*attention)(const float* q, const void* k, const float* k_scale, const void* v, const float* v_scale,
                        const bool* mask, float* out, int64_t B, int64_t Hq, int64_t L, int64_t E, int64_t H, int64_t S,
-                       int64_t Ev, int64_t MB, float scale);
+                       int64_t Ev, int64_t MB, float scale, int64_t* attended);
 };
 
 // Implemented once per level (qmm.cpp, gemv.cpp, attention.cpp), gathered by level.cpp.
@@ -75,7 +76,7 @@ void linear(const float* x, const void* w, FloatWeight w_dtype, const float* bia
             int64_t k);
 int64_t attention(const float* q, const void* k, const float* k_scale, const void* v, const float* v_scale,
                   const bool* mask, float* out, int64_t B, int64_t Hq, int64_t L, int64_t E, int64_t H, int64_t S,
-                  int64_t Ev, int64_t MB, float scale);
+                  int64_t Ev, int64_t MB, float scale, int64_t* attended);
 
 }  // namespace etsdk_kernels
 
