@@ -69,3 +69,22 @@ def test_an_export_says_what_it_takes_and_a_full_disk_refuses_it_before_tracing(
     assert not traced and list(tmp_path.iterdir()) == []
     said = capsys.readouterr().err
     assert f"{count / 1e6:.1f}M parameters, " in said and f"writes about {etsdk.format_bytes(size)} to {tmp_path}" in said
+
+
+@pytest.mark.parametrize(("options", "expected"), [
+    ({"full_logits": "yes"}, "hf_static's option full_logits takes true or false, found 'yes'"),
+    ({"meta_trace": 1}, "hf_static's option meta_trace takes true or false, found 1"),
+    ({"attention": 5}, "hf_static's option attention takes a string, found 5"),
+    ({"logits": True}, "hf_static's exporter takes the options attention, kv_cache, weights_dtype, meta_trace, "
+                       "cpu_target and full_logits, not logits"),
+])
+def test_an_export_request_with_an_option_of_the_wrong_type_is_refused(options: dict, expected: str, tmp_path: Path) -> None:
+    # an option of the wrong type never silently means its default: refused before anything loads
+    from etsdk_hf_static.exporting.exporter import export_request
+
+    request = etsdk.ExportRequest(model=tmp_path / "no-model", output=tmp_path / "out.pte", backend="reference",
+                                  options=options)
+    with pytest.raises(ExportError) as caught:
+        export_request(request)
+    assert str(caught.value) == expected
+    assert not (tmp_path / "out.pte").exists()

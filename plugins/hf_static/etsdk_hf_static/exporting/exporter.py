@@ -597,7 +597,23 @@ def export_request(request: ExportRequest) -> list[Path]:
         raise ExportError(
             f"hf_static's exporter takes the options {', '.join(known[:-1])} and {known[-1]}, not {', '.join(unknown_options)}"
         )
-    cpu_target = request.options.get("cpu_target")
+    options = request.options
+
+    def text(name: str, default: str) -> str:
+        value = options.get(name, default)
+        if not isinstance(value, str):
+            raise ExportError(f"hf_static's option {name} takes a string, found {value!r}")
+        return value
+
+    def flag(name: str) -> bool:  # never a truthy string or number read as true, nor anything else as false
+        value = options.get(name, False)
+        if not isinstance(value, bool):
+            raise ExportError(f"hf_static's option {name} takes true or false, found {value!r}")
+        return value
+
+    attention, kv_cache, weights_dtype = text("attention", "auto"), text("kv_cache", "float32"), text("weights_dtype", "auto")
+    cpu_target = text("cpu_target", "") or None
+    meta_trace, full_logits = flag("meta_trace"), flag("full_logits")
     unknown_sizes = sorted(set(request.sizes) - {"T", "S"})
     if unknown_sizes:
         raise ExportError(f"hf_static takes sizes T (prefill length) and S (context length), not {', '.join(unknown_sizes)}")
@@ -614,10 +630,10 @@ def export_request(request: ExportRequest) -> list[Path]:
         partitioner_options=request.partitioner_options,
         quantization=request.quantization,
         allow_requantize=request.allow_requantize,
-        attention=str(request.options.get("attention", "auto")),
-        kv_cache=str(request.options.get("kv_cache", "float32")),
-        weights_dtype=str(request.options.get("weights_dtype", "auto")),
-        meta_trace=request.options.get("meta_trace", False) is True,
-        full_logits=request.options.get("full_logits", False) is True,
-        cpu_target=str(cpu_target) if cpu_target is not None else None,
+        attention=attention,
+        kv_cache=kv_cache,
+        weights_dtype=weights_dtype,
+        meta_trace=meta_trace,
+        full_logits=full_logits,
+        cpu_target=cpu_target,
     )
