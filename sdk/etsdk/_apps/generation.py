@@ -204,7 +204,7 @@ class TextRunner(Protocol):
         ...
 
     def decode_text(self, ids: Sequence[int]) -> str:
-        """The text of ``ids`` (for streaming, called with every id generated so far)."""
+        """The text of ``ids`` (a whole reply, or, while streaming, a window of its last few ids)."""
         ...
 
     def generate(

@@ -215,7 +215,7 @@ class ChatSession:
             on_shift(dropped, dropped_tokens, len(ids))
         new = min(self.max_new_tokens, room)
         common = self.conversation.keep_prefix(ids)  # at least one token runs: its logits start the reply
-        generation = self.conversation.begin(ids[common:], max_new_tokens=new, sampling=self.sampling)
+        generation = self.conversation.begin(ids[common:], max_new_tokens=new, sampling=self.sampling, continues=False)
         while not generation.done:
             token = generation.advance()
             if token is None:

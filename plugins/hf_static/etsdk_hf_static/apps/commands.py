@@ -430,7 +430,8 @@ def run_generate(args: argparse.Namespace) -> int:
         else:
             prompt_ids = given_ids if given_ids is not None else runner.encode(text or "")
     mark("prompt")
-    stream = TextStream(runner.decode_text, sys.stdout, sampling.stop)
+    # the text continues the prompt (the chat template's too), as the runner's result reads
+    stream = TextStream(runner.decode_text, sys.stdout, sampling.stop, context=prompt_ids)
 
     chosen: list[int] = []
 

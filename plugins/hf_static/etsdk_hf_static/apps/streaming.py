@@ -1,7 +1,8 @@
 """Streaming generated text to a terminal: what ``etsdk generate`` and ``etsdk chat`` print as tokens arrive.
 
-A :class:`TextStream` is an ``on_token`` callback. It decodes every id so far (a character may span tokens)
-and prints what is new, except text that might still turn out to be a stop string: a stop string is never
+A :class:`TextStream` is an ``on_token`` callback. It decodes the ids as they arrive
+(:class:`~etsdk_hf_static.runtime.detokenize.IncrementalText`: a character may span tokens, and a completion's text
+reads as the continuation of its prompt) and prints what is new, except text that might still turn out to be a stop string: a stop string is never
 printed, nor is the start of one until the next token shows it is not one (the rules of
 :func:`~etsdk_hf_static.runtime.stops.visible_text`, which the
 conversation stops by). :meth:`TextStream.finish` prints the rest of the final text and ends the line.
@@ -14,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
+from etsdk_hf_static.runtime.detokenize import IncrementalText
 from etsdk_hf_static.runtime.stops import cut_at_stop, visible_text
 
 __all__ = ["TextStream", "decode_rate"]
@@ -29,13 +31,16 @@ def decode_rate(result: Any) -> str:
 class TextStream:
     """Prints generated text to ``out`` as tokens arrive (``on_token``); never a stop string from ``stops``.
 
-    ``decode(ids)`` is the runner's ``decode_text``. :meth:`echo` prints the prompt first; :attr:`line_open`
+    ``decode(ids)`` is the runner's ``decode_text``; ``context``: the prompt's ids when the text continues it (a
+    completion), none for text on its own (a chat reply). :meth:`echo` prints the prompt first; :attr:`line_open`
     says whether something was printed without a newline after it (an error message then starts a new line).
     """
 
-    def __init__(self, decode: Callable[[Sequence[int]], str], out: TextIO, stops: Sequence[str] = ()) -> None:
-        self.decode, self.out, self.stops = decode, out, tuple(stops)
-        self.ids: list[int] = []
+    def __init__(
+        self, decode: Callable[[Sequence[int]], str], out: TextIO, stops: Sequence[str] = (), context: Sequence[int] = ()
+    ) -> None:
+        self.out, self.stops = out, tuple(stops)
+        self.text = IncrementalText(decode, context)
         self.shown = ""  # the generated text printed so far
         self.line_open = False
 
@@ -44,15 +49,13 @@ class TextStream:
         self._write(text)
 
     def __call__(self, token: int) -> None:
-        self.ids.append(token)
-        text = str(self.decode(self.ids))
-        text = visible_text(text, self.stops)
-        self._show(text)
+        self.text.extend((token,))
+        self._show(visible_text(self.text.text, self.stops))
 
     def finish(self, text: str | None = None) -> None:
         """Print the rest of the final ``text`` (default: the decoded ids up to a stop string), end the line."""
         if text is None:
-            text = cut_at_stop(str(self.decode(self.ids)), self.stops)
+            text = cut_at_stop(self.text.final(), self.stops)
         self._show(text)
         self.end_line()
 

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from etsdk import GenerationError, GenerationResult, Sampling
 
+from etsdk_hf_static.runtime.detokenize import IncrementalText
 from etsdk_hf_static.runtime.fitting import context_fixes, does_not_fit, rows_needed
 from etsdk_hf_static.runtime.planning import (
     MethodInputs,
@@ -174,6 +175,7 @@ class Conversation:
         sampling: Sampling | None = None,
         on_token: Callable[[int], None] | None = None,
         stop_at_eos: bool = True,
+        continues: bool = True,
     ) -> GenerationResult:
         """Continue the conversation with ``prompt_ids`` and generate up to ``max_new_tokens``.
 
@@ -192,9 +194,15 @@ class Conversation:
         "stop"``; the result's ``text`` ends before it; needs the tokenizer);
         ``ignore_eos`` (or ``stop_at_eos=False``) generates past an EOS id.
 
+        ``continues``: the result's ``text`` reads as the continuation of the prompt (a completion: a SentencePiece
+        tokenizer's first word keeps its space, so prompt + text reads as the whole); False: as text on its own (a
+        chat reply).
+
         The loop is :class:`Generation`'s (:meth:`begin`), one step per ``advance``: what a server interleaves.
         """
-        generation = self.begin(prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling, stop_at_eos=stop_at_eos)
+        generation = self.begin(
+            prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling, stop_at_eos=stop_at_eos, continues=continues
+        )
         try:
             while not generation.done:
                 token = generation.advance()
@@ -212,12 +220,15 @@ class Conversation:
         max_new_tokens: int = 32,
         sampling: Sampling | None = None,
         stop_at_eos: bool = True,
+        continues: bool = True,
     ) -> Generation:
         """A :class:`Generation` of ``prompt_ids``, checked and planned as :meth:`generate` does; nothing runs yet.
 
         One at a time: until it is done (or cancelled) the conversation refuses another, and a rewind or prefill.
         """
-        return Generation(self, prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling, stop_at_eos=stop_at_eos)
+        return Generation(
+            self, prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling, stop_at_eos=stop_at_eos, continues=continues
+        )
 
     def keep_prefix(self, ids: Sequence[int]) -> int:
         """Rewind to the longest prefix of ``ids`` this conversation holds, keeping at least one of ``ids`` to run.
@@ -390,6 +401,7 @@ class Generation:
         max_new_tokens: int,
         sampling: Sampling | None,
         stop_at_eos: bool,
+        continues: bool = True,
     ) -> None:
         model = conversation._model
         meta = model.metadata
@@ -419,13 +431,17 @@ class Generation:
         self._generator = generator_for(sampling)
         self._before = len(conversation._tokens)
         conversation._tokens.extend(prompt)
+        # the text: decoded as tokens come, after the conversation's last ids (a tokenizer's; ids joined by spaces
+        # have no joining rules to follow)
+        context = conversation._tokens if continues and model.tokenizer is not None else ()
+        self._decoded = IncrementalText(model.decode_text, context)
         conversation._live = self
         self.tokens: list[int] = []  # chosen so far
         self.stopped: str | None = None
         self._prefill_s = 0.0
         self._decode_s = 0.0
-        self._text, self._searched = "", 0
-        self._cut: int | None = None  # stop strings: the text so far, searched, where one begins
+        self._searched = 0
+        self._cut: int | None = None  # stop strings: the text searched so far, where one begins
 
     @property
     def done(self) -> bool:
@@ -485,8 +501,8 @@ class Generation:
             self.stopped = "eos"
             return
         if self.sampling.stop:
-            self._text = self.conversation._model.decode_text(self.tokens)
-            self._cut, self._searched = find_stop(self._text, self.sampling.stop, self._searched), len(self._text)
+            text = self.decoded
+            self._cut, self._searched = find_stop(text, self.sampling.stop, self._searched), len(text)
             if self._cut is not None:
                 self.stopped = "stop"
                 return
@@ -494,11 +510,19 @@ class Generation:
             self.stopped = "length"
 
     @property
+    def decoded(self) -> str:
+        """The text of the tokens chosen so far (stop strings included), complete characters only until it is done:
+        what a stream shows (through :func:`~etsdk_hf_static.runtime.stops.visible_text`)."""
+        self._decoded.extend(self.tokens[self._decoded.count :])
+        return self._decoded.final() if self.done else self._decoded.text
+
+    @property
     def text(self) -> str:
         """The text generated so far, up to a stop string."""
         if self._cut is not None:
-            return self._text[: self._cut]
-        return self.conversation._model.decode_text(self.tokens)
+            return self.decoded[: self._cut]
+        self._decoded.extend(self.tokens[self._decoded.count :])
+        return self._decoded.final()
 
     def result(self) -> GenerationResult:
         """The result so far (``stopped`` is ``"length"`` while it runs)."""

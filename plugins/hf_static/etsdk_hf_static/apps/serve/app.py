@@ -179,7 +179,7 @@ class _Server:
     async def _run(self, request: Request, ids: list[int], options: protocol.Options, *, chat: bool) -> Response:
         route = request.url.path
         try:
-            job = self._job(ids, options)
+            job = self._job(ids, options, chat=chat)
         except RequestError as error:
             return self._error(request, error)
         loop = asyncio.get_running_loop()
@@ -298,7 +298,7 @@ class _Server:
         self.metrics.request(route, 499)
         return Plain(status_code=499)
 
-    def _job(self, ids: list[int], options: protocol.Options) -> Job:
+    def _job(self, ids: list[int], options: protocol.Options, *, chat: bool) -> Job:
         meta = self.model.metadata
         S = meta.context_length
         if not ids:
@@ -316,7 +316,7 @@ class _Server:
             raise RequestError(str(exc)) from None
         if sampling.stop and self.model.tokenizer is None:
             raise RequestError("'stop' needs the tokenizer saved beside the program", param="stop")
-        return Job(tuple(ids), new, sampling, emit=lambda event: None)
+        return Job(tuple(ids), new, sampling, emit=lambda event: None, continues=not chat)
 
     def _authorize(self, request: Request) -> None:
         key = self.config.api_key

@@ -74,6 +74,8 @@ class Job:
     max_tokens: int
     sampling: Sampling
     emit: Callable[[tuple[str, Any]], None]
+    #: the reply's text continues the prompt (a completion), or stands alone (a chat reply): Conversation.begin's
+    continues: bool = True
     submitted: float = field(default_factory=time.perf_counter)
     cancelled: bool = False
 
@@ -287,7 +289,8 @@ class Engine:
             conversation.reset()
             kept = 0
         try:
-            generation = conversation.begin(job.ids[kept:], max_new_tokens=job.max_tokens, sampling=job.sampling)
+            generation = conversation.begin(job.ids[kept:], max_new_tokens=job.max_tokens, sampling=job.sampling,
+                                            continues=job.continues)
         except GenerationError as exc:
             job.emit(("error", RequestError(str(exc), code="context_length_exceeded")))
             return
@@ -319,7 +322,7 @@ class Engine:
             self.metrics.observe("time_to_first_token_seconds", slot.first - job.submitted)
         self.metrics.count("completion_tokens_total")
         stops = job.sampling.stop
-        shown = visible_text(self.model.decode_text(generation.tokens), stops, final=generation.done)
+        shown = visible_text(generation.decoded, stops, final=generation.done)
         if len(shown) > len(slot.shown):
             job.emit(("text", shown[len(slot.shown) :]))
             slot.shown = shown
