@@ -147,6 +147,9 @@ def write_cases(directory: Path) -> int:
             for i, last in enumerate(visible):
                 mask[0, 0, i, : last + 1] = True
             mask[0, 0, 0, 3] = False  # a gap
+            if rows > 1:  # a padded chunk's rows: zeros (either sign) under equal mask rows, copied, not computed
+                q[:, :, 2:] = 0.0
+                q[:, 1, 4] = -0.0
             name = f"attention_{int(int8)}_{hq}_{e}_{rows}"
             if int8:
                 kq, ks = quantize_rows(k)

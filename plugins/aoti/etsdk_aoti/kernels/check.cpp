@@ -145,8 +145,9 @@ double run(const std::string& op, std::istringstream& line, const KernelTable* t
       k = k32.data(), v = v32.data();
     }
     std::vector<float> out(B * Hq * L * Ev);
+    int64_t attended = 0;
     table->attention(q.data(), k, int8 ? ks.data() : nullptr, v, int8 ? vs.data() : nullptr,
-                     reinterpret_cast<const bool*>(mask.data()), out.data(), B, Hq, L, E, H, S, Ev, MB, scale);
+                     reinterpret_cast<const bool*>(mask.data()), out.data(), B, Hq, L, E, H, S, Ev, MB, scale, &attended);
     return worst(out, read<float>(name + ".want", B * Hq * L * Ev), 1e-5, 1e-4);
   }
   throw std::runtime_error("unknown operation " + op);

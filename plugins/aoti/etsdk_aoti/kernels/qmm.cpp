@@ -758,16 +758,14 @@ void a8_products(const A8Part* parts, int64_t count, const float* x, int64_t m_r
 // and per step the lanes' block scales (lanes 0-7: the step's first block's d, lanes 8-15: its second's; 0 past k),
 // the lanes vec::dot4_signed sums each block's products into.
 struct RoundedX8 {
-  Lines<int8_t> q;      // [steps * 64]
-  Lines<LaneD> d;       // [steps]
-  Lines<float> block;   // [blocks]: each block's d
+  Lines<int8_t> q;  // [steps * 64]
+  Lines<LaneD> d;   // [steps]
 };
 
 void round_x8(const float* x, int64_t k, RoundedX8& out) {
   const int64_t blocks = k / 32, steps = (blocks + 1) / 2;
   out.q.resize(steps * 64);
   out.d.resize(steps);
-  out.block.resize(blocks);
   for (int64_t st = 0; st < steps; ++st) {
     float d[kStepBlocks];  // spread(): lanes 4t .. 4t + 3 take d[t]
     for (int h = 0; h < 2; ++h) {
@@ -775,7 +773,7 @@ void round_x8(const float* x, int64_t k, RoundedX8& out) {
       int8_t* q = out.q.data() + b * 32;
       float db = 0.0f;
       if (b < blocks) {
-        db = out.block.data()[b] = block_d(x + b * 32);
+        db = block_d(x + b * 32);
         int8_t even[16], odd[16];
         round_block(x + b * 32, db != 0.0f ? 1.0f / db : 0.0f, even, odd);
         for (int i = 0; i < 16; ++i) {
@@ -788,6 +786,16 @@ void round_x8(const float* x, int64_t k, RoundedX8& out) {
       d[2 * h] = d[2 * h + 1] = db;
     }
     out.d.data()[st].v = spread(d);
+  }
+}
+
+// Row x as the values q8_products' integers stand for, in float: per block of 32, round-half-even(x * (1 / d)) * d
+// (the floats q * d of round_x8 exactly: the same product, rounded the same way), what the prefill tiles multiply.
+void rounded_row(const float* x, int64_t k, float* out) {
+  for (int64_t b = 0; b < k; b += 32) {  // k: a whole number of blocks
+    const float d = block_d(x + b);
+    const v::F vd = v::set1(d), vid = v::set1(d != 0.0f ? 1.0f / d : 0.0f);
+    for (int64_t h = 0; h < 32; h += 16) v::store(out + b + h, v::mul(v::round_even(v::mul(v::load(x + b + h), vid)), vd));
   }
 }
 
@@ -841,21 +849,14 @@ void q8_rows(const A8Part& part, const RoundedX8* xq, int64_t m_rows, int64_t ld
 
 // Every part's product (int8 weights) with x rounded to int8 per block of 32. A few rows (decode) multiply integers
 // in one OpenMP region over every part's rows (PartChunks; each thread rounds x itself: a few hundred values); more
-// rows (prefill) run the float tiles on the rounded values q * d (the same math: a block's products are exact either
-// way, and the tiles decode each weight once per call).
+// rows (prefill) run the float tiles on the rounded values q * d (rounded_row; the same math: a block's products
+// are exact either way, and the tiles decode each weight once per call).
 void q8_products(const A8Part* parts, int64_t count, const float* x, int64_t m_rows, int64_t ldy) {
   const int64_t k = parts[0].w.k;
   if (m_rows > kFewRows) {
     std::vector<float> values(m_rows * k);
-#pragma omp parallel
-    {
-      static thread_local RoundedX8 row;
-#pragma omp for schedule(static)
-      for (int64_t m = 0; m < m_rows; ++m) {
-        round_x8(x + m * k, k, row);
-        for (int64_t i = 0; i < k; ++i) values[m * k + i] = (float)row.q.data()[i] * row.block.data()[i / 32];
-      }
-    }
+#pragma omp parallel for schedule(static)
+    for (int64_t m = 0; m < m_rows; ++m) rounded_row(x + m * k, k, values.data() + m * k);
     for (int64_t p = 0; p < count; ++p) gemm(parts[p].w, values.data(), m_rows, parts[p].y, ldy);
     return;
   }

@@ -155,6 +155,7 @@ inline F add(F a, F b) { return _mm512_add_ps(a, b); }
 inline F sub(F a, F b) { return _mm512_sub_ps(a, b); }
 inline F mul(F a, F b) { return _mm512_mul_ps(a, b); }
 inline F max(F a, F b) { return _mm512_max_ps(a, b); }
+inline F round_even(F a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 inline F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
 inline float reduce_add(F v) { return _mm512_reduce_add_ps(v); }
 inline float reduce_max(F v) { return _mm512_reduce_max_ps(v); }
@@ -325,6 +326,10 @@ inline F add(F a, F b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, 
 inline F sub(F a, F b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
 inline F mul(F a, F b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
 inline F max(F a, F b) { return {_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)}; }
+inline F round_even(F a) {
+  constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  return {_mm256_round_ps(a.lo, kNearest), _mm256_round_ps(a.hi, kNearest)};
+}
 inline F fma(F a, F b, F c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
 inline float hsum8(__m256 v) {
   const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -518,6 +523,11 @@ inline F sub(F a, F b) { ETSDK_NEON_MAP2(vsubq_f32) }
 inline F mul(F a, F b) { ETSDK_NEON_MAP2(vmulq_f32) }
 inline F max(F a, F b) { ETSDK_NEON_MAP2(vmaxq_f32) }
 #undef ETSDK_NEON_MAP2
+inline F round_even(F a) {
+  F r;
+  for (int i = 0; i < 4; ++i) r.v[i] = vrndnq_f32(a.v[i]);
+  return r;
+}
 inline F fma(F a, F b, F c) {
   F r;
   for (int i = 0; i < 4; ++i) r.v[i] = vfmaq_f32(c.v[i], a.v[i], b.v[i]);
@@ -666,6 +676,11 @@ inline void store_first(float* p, F v, int64_t n) {
   return r;
 inline F add(F a, F b) { ETSDK_MAP2(a.v[l] + b.v[l]) }
 inline F sub(F a, F b) { ETSDK_MAP2(a.v[l] - b.v[l]) }
+inline F round_even(F a) {
+  F r;
+  ETSDK_LANES r.v[l] = std::nearbyint(a.v[l]);  // the default rounding mode: to nearest, ties to even
+  return r;
+}
 inline F mul(F a, F b) { ETSDK_MAP2(a.v[l] * b.v[l]) }
 inline F max(F a, F b) { ETSDK_MAP2(a.v[l] > b.v[l] ? a.v[l] : b.v[l]) }
 inline F fma(F a, F b, F c) { ETSDK_MAP2(a.v[l] * b.v[l] + c.v[l]) }
