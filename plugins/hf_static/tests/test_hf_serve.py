@@ -422,3 +422,39 @@ def test_a_prefix_held_by_a_busy_slot_is_forked_not_waited_for(server: Server, l
     assert after["etsdk_slot_forks_total"] == before.get("etsdk_slot_forks_total", 0) + 1
     assert answer.json()["choices"][0]["text"] == _greedy(local, local.encode(shared + " and more", bos=True), 3,
                                                           ignore_eos=True)[1]
+
+
+def test_the_app_serves_again_when_its_host_starts_it_again(chat_pte: Path, tmp_path: Path) -> None:
+    # create_app's app in an ASGI host of its own (uvicorn, started twice in this process): the second start runs the
+    # lifespan again, and the engine starts anew with the slots the first one saved (its prompt is a prefix hit)
+    import socket
+
+    import uvicorn
+    from etsdk_hf_static.apps.serve import ServeConfig, create_app
+
+    app = create_app(chat_pte, ServeConfig(slots=1, session_dir=tmp_path, drain_seconds=10))
+    body = {"model": "chat", "prompt": "hello there", "max_tokens": 4, "temperature": 0}
+    replies = []
+    for _ in range(2):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        host = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+        thread = threading.Thread(target=host.run, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 120
+        while not host.started and thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert host.started, "uvicorn did not start the app"
+        try:
+            with httpx.Client(timeout=120) as http:
+                reply = http.post(f"http://127.0.0.1:{port}/v1/completions", json=body)
+        finally:
+            host.should_exit = True
+            thread.join(60)
+        assert not thread.is_alive() and reply.status_code == 200, reply.text
+        replies.append(reply)
+    assert replies[1].json()["choices"][0]["text"] == replies[0].json()["choices"][0]["text"]
+    assert int(replies[0].headers["x-etsdk-cached-tokens"]) == 0
+    assert int(replies[1].headers["x-etsdk-cached-tokens"]) > 0  # the slot saved at the first stop came back
+    assert (tmp_path / "slot-0.safetensors").is_file()

@@ -61,7 +61,8 @@ def create_app(program: str | Path | LoadedModel, config: ServeConfig | None = N
     """The ASGI app serving ``program`` (a ``.pte`` path, or a loaded hf_static runner / model).
 
     The engine starts with the app (its lifespan) and stops with it: in-flight requests finish (up to
-    ``config.drain_seconds``), ``config.session_dir`` gets the slots. Needs ``etsdk-hf-static[serve]``.
+    ``config.drain_seconds``), ``config.session_dir`` gets the slots. A host may run the lifespan again: the engine
+    starts anew (its slots loaded from ``config.session_dir`` when given). Needs ``etsdk-hf-static[serve]``.
     """
     try:
         from starlette.applications import Starlette
@@ -84,7 +85,7 @@ def create_app(program: str | Path | LoadedModel, config: ServeConfig | None = N
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        engine.start()
+        engine.start(again=True)  # a host that runs the lifespan again (a restart of its server) gets a new engine
         try:
             yield
         finally:

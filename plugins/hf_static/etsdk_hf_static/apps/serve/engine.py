@@ -146,10 +146,15 @@ class Engine:
         """Whether the engine can take requests (started or startable, not stopping, its thread not failed)."""
         return not self._stopping and self._failure is None
 
-    def start(self) -> None:
+    def start(self, *, again: bool = False) -> None:
         """Start the engine's thread (once; :meth:`submit` starts it too, for hosts that run no lifespan) and wait
-        until its slots exist."""
+        until its slots exist. ``again``: an engine that has stopped starts anew (the app's lifespan runs once per
+        start of its host, and a host may start it again): new slots, the saved ones loaded from ``session_dir``."""
         with self._cond:
+            if again and self._started and self._stopping and not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="etsdk-serve-engine", daemon=True)
+                self._started, self._stopping, self._failure = False, False, None
+                self._ready = threading.Event()
             if not self._thread.is_alive() and not self._started:
                 self._started = True
                 self._thread.start()
