@@ -9,11 +9,11 @@ from etsdk.backend import filled_rows
 from etsdk_aoti import kernels
 
 
-def _case(hq: int, h: int, rows: int, s: int, visible: list[int], seed: int = 0) -> tuple[torch.Tensor, ...]:
+def _case(hq: int, h: int, rows: int, s: int, visible: list[int], seed: int = 0, e: int = 16) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(seed)
-    q = torch.randn(1, hq, rows, 16, generator=g)
-    k = torch.randn(1, h, s, 16, generator=g)
-    v = torch.randn(1, h, s, 16, generator=g)
+    q = torch.randn(1, hq, rows, e, generator=g)
+    k = torch.randn(1, h, s, e, generator=g)
+    v = torch.randn(1, h, s, e, generator=g)
     mask = torch.zeros(1, 1, rows, s, dtype=torch.bool)
     for i, last in enumerate(visible):
         mask[0, 0, i, : last + 1] = True
@@ -42,13 +42,14 @@ def test_the_kernel_computes_sdpa_and_reads_only_the_filled_rows(hq: int, h: int
 
 @pytest.mark.usefixtures("kernel_level")
 @pytest.mark.parametrize("int8", [False, True])
-def test_repeated_query_rows_are_copied_not_computed(int8: bool) -> None:
+@pytest.mark.parametrize("e", [16, 64])  # any head size (one query row at a time), and 64 (blocks of query rows)
+def test_repeated_query_rows_are_copied_not_computed(int8: bool, e: int) -> None:
     # a padded prefill chunk: rows 3.. are zeros under the last real row's mask; a row equal to the one before it
     # under another mask row (row 1 of head 0 below), or under an equal mask row but with other values, is computed
     from etsdk.backend import quantize_rows
 
     hq, h, visible = 6, 2, [4, 5, 6, 6, 6, 6, 6, 6]
-    q, k, v, mask = _case(hq, h, len(visible), 64, visible, seed=3)
+    q, k, v, mask = _case(hq, h, len(visible), 64, visible, seed=3, e=e)
     q[:, :, 3:] = 0.0
     q[:, 0, 1] = q[:, 0, 0]  # same values, another mask row: computed
     q[:, 1, 4] = 1.0  # head 1: rows 4 and 5 differ from the row before them, so 6 of its 8 rows are computed

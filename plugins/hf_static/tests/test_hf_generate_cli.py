@@ -59,6 +59,17 @@ def test_text_goes_to_stdout_and_statistics_to_stderr(chat_pte: Path) -> None:
     assert all(line.startswith(("etsdk", "[")) for line in streamed.stderr.splitlines()), streamed.stderr
 
 
+def test_without_a_tokenizer_the_ids_print_as_the_json_text_says(exported: Any) -> None:
+    # a program exported from a model object has no tokenizer beside it: its text is the ids joined by spaces, the
+    # same on stdout as in --json (no context: ids have no joining rules)
+    pte = str(exported("llama"))
+    streamed = _etsdk("generate", pte, "--prompt-ids", "5,6,7", "--max-new-tokens", "4")
+    assert streamed.returncode == 0, streamed.stderr
+    as_json = _json("generate", pte, "--prompt-ids", "5,6,7", "--max-new-tokens", "4")
+    assert as_json["text"] == " ".join(map(str, as_json["token_ids"]))
+    assert streamed.stdout == as_json["text"] + "\n"
+
+
 def test_json_has_the_text(chat_pte: Path) -> None:
     from etsdk_hf_static.metadata import tokenizer_dir
     from transformers import AutoTokenizer

@@ -27,10 +27,10 @@
 //
 // Repeated query rows: a query row equal to the row before it (same head; value by value, so +0 matches -0), under a
 // mask row equal to the one before it, has that row's output, so it is copied, not computed (the exact result, not an
-// approximation). A padded
-// prefill chunk is made of such rows: etsdk-hf-static zeroes a padded row's input to every linear layer and gives it
-// the last real row's mask, so its query rows are equal (zeros, or the projection's bias) and a 38-token chunk of 64
-// rows attends 39 rows, not 64.
+// approximation). A padded prefill chunk is made of such rows where the query projection has no bias (Llama,
+// Mistral, SmolLM): etsdk-hf-static zeroes a padded row's input to every linear layer and gives it the last real
+// row's mask, so its query rows are zeros and a 38-token chunk of 64 rows attends 39 rows, not 64. With a bias
+// (Qwen2) the rotary embedding turns it into another vector at each position: nothing repeats, nothing is copied.
 
 #include <omp.h>
 

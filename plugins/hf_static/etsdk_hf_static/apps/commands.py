@@ -430,8 +430,12 @@ def run_generate(args: argparse.Namespace) -> int:
         else:
             prompt_ids = given_ids if given_ids is not None else runner.encode(text or "")
     mark("prompt")
-    # the text continues the prompt (the chat template's too), as the runner's result reads
-    stream = TextStream(runner.decode_text, sys.stdout, sampling.stop, context=prompt_ids)
+    # the text continues the prompt (the chat template's too) as an hf_static runner's result reads with a tokenizer
+    # (ids joined by spaces, or another contract's runner, read on their own)
+    from etsdk_hf_static.runtime.runner import HfStaticRunner
+
+    continues = isinstance(runner, HfStaticRunner) and runner.tokenizer is not None
+    stream = TextStream(runner.decode_text, sys.stdout, sampling.stop, context=prompt_ids if continues else ())
 
     chosen: list[int] = []
 

@@ -600,13 +600,17 @@ def export_request(request: ExportRequest) -> list[Path]:
     options = request.options
 
     def text(name: str, default: str) -> str:
-        value = options.get(name, default)
+        value = options.get(name)
+        if value is None:  # not given
+            return default
         if not isinstance(value, str):
             raise ExportError(f"hf_static's option {name} takes a string, found {value!r}")
         return value
 
     def flag(name: str) -> bool:  # never a truthy string or number read as true, nor anything else as false
-        value = options.get(name, False)
+        value = options.get(name)
+        if value is None:  # not given
+            return False
         if not isinstance(value, bool):
             raise ExportError(f"hf_static's option {name} takes true or false, found {value!r}")
         return value

@@ -149,7 +149,12 @@ class Engine:
     def start(self, *, again: bool = False) -> None:
         """Start the engine's thread (once; :meth:`submit` starts it too, for hosts that run no lifespan) and wait
         until its slots exist. ``again``: an engine that has stopped starts anew (the app's lifespan runs once per
-        start of its host, and a host may start it again): new slots, the saved ones loaded from ``session_dir``."""
+        start of its host, and a host may start it again): new slots, the saved ones loaded from ``session_dir``;
+        an :class:`EtsdkError` when the previous run's thread is still busy a minute after its stop."""
+        if again and self._stopping and self._thread.is_alive():  # a stop that timed out: its requests were cancelled
+            self._thread.join(60.0)
+            if self._thread.is_alive():
+                raise EtsdkError("the engine cannot start again: its previous run has not stopped (a step still running)")
         with self._cond:
             if again and self._started and self._stopping and not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="etsdk-serve-engine", daemon=True)
