@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import etsdk
 from etsdk import (
@@ -586,6 +586,9 @@ def _save_tokenizer(directory: Path, output: Path, quiet: bool) -> list[Path]:
     return [target]
 
 
+_Option = TypeVar("_Option", str, bool)
+
+
 def export_request(request: ExportRequest) -> list[Path]:
     """``etsdk export`` entry point (the runner spec's ``exporter``)."""
     unknown = sorted(set(request.method_backends) - set(METHODS))
@@ -598,26 +601,21 @@ def export_request(request: ExportRequest) -> list[Path]:
             f"hf_static's exporter takes the options {', '.join(known[:-1])} and {known[-1]}, not {', '.join(unknown_options)}"
         )
     options = request.options
+    kinds = {str: "a string", bool: "true or false"}
 
-    def text(name: str, default: str) -> str:
+    def option(name: str, default: _Option) -> _Option:
+        """The option's value (``default`` when not given or None), of ``default``'s type: never a truthy string
+        read as true, nor anything else as false."""
         value = options.get(name)
-        if value is None:  # not given
+        if value is None:
             return default
-        if not isinstance(value, str):
-            raise ExportError(f"hf_static's option {name} takes a string, found {value!r}")
+        if not isinstance(value, type(default)):
+            raise ExportError(f"hf_static's option {name} takes {kinds[type(default)]}, found {value!r}")
         return value
 
-    def flag(name: str) -> bool:  # never a truthy string or number read as true, nor anything else as false
-        value = options.get(name)
-        if value is None:  # not given
-            return False
-        if not isinstance(value, bool):
-            raise ExportError(f"hf_static's option {name} takes true or false, found {value!r}")
-        return value
-
-    attention, kv_cache, weights_dtype = text("attention", "auto"), text("kv_cache", "float32"), text("weights_dtype", "auto")
-    cpu_target = text("cpu_target", "") or None
-    meta_trace, full_logits = flag("meta_trace"), flag("full_logits")
+    attention, kv_cache = option("attention", "auto"), option("kv_cache", "float32")
+    weights_dtype, cpu_target = option("weights_dtype", "auto"), option("cpu_target", "") or None
+    meta_trace, full_logits = option("meta_trace", False), option("full_logits", False)
     unknown_sizes = sorted(set(request.sizes) - {"T", "S"})
     if unknown_sizes:
         raise ExportError(f"hf_static takes sizes T (prefill length) and S (context length), not {', '.join(unknown_sizes)}")
