@@ -11,8 +11,9 @@ sections, in this order:
      "library_sha256": str,                 hex SHA-256 of section ``library``
      "state_inputs": [int],                 the state bindings (indices into the signature's states) the library
                                             takes after the delegate's inputs: every binding, in order
-     "cpu": {...}}                          device "cpu" only (every export since aoti.cpu_target.v1; absent
-                                            in older blobs): what CPU the library's code needs, below
+     "cpu": {...}}                          what CPU the library's code needs, below; for "cuda" its host
+                                            code (the C++ wrapper that launches the kernels); absent in blobs
+                                            written before it was recorded (aoti.cpu_target.v1)
 
 ``config.cpu`` (JSON object, keys in this order)::
 
@@ -160,7 +161,7 @@ class Config:
     num_outputs: int
     library_sha256: str
     state_inputs: tuple[int, ...]
-    #: what CPU the library needs (device "cpu"; None in blobs written before ``aoti.cpu_target.v1``)
+    #: what CPU the library's code needs (for "cuda": its host code); None in blobs written before it was recorded
     cpu: CpuRecord | None = None
 
 
@@ -400,18 +401,19 @@ def decode(payload: memoryview | bytes, *, state_bindings: int | None = None) ->
 
 
 def describe(blob: AotiBlob) -> list[str]:
-    """What ``etsdk inspect`` shows of a decoded blob: the device, and for the CPU what code it holds."""
+    """What ``etsdk inspect`` shows of a decoded blob: the device, and what CPU its code (a CUDA library's host
+    code) was compiled for."""
     config = blob.config
     size = f"library {len(blob.library) if not isinstance(blob.library, Path) else blob.library.stat().st_size} bytes"
     lines = [f"device {config.device}, {size}, {len(blob.constants)} constant(s)"]
     cpu = config.cpu
+    code = "" if config.device == "cpu" else " of the host code"
     if cpu is None:
-        if config.device == "cpu":
-            lines.append(f"cpu target: not recorded (written before {CPU_TARGET_FEATURE}): built for its exporting host")
+        lines.append(f"cpu target{code}: not recorded (an older blob): built for its exporting host")
         return lines
     needs = " ".join(cpu.features) or "nothing beyond the baseline"
     lines += [
-        f"cpu target: {cpu.target} ({cpu.machine}): needs {needs}",
+        f"cpu target{code}: {cpu.target} ({cpu.machine}): needs {needs}",
         f"cpu code: vector ISA {cpu.vec_isa}, -march={cpu.march}; etsdk-aoti kernels {cpu.kernels} (built where it runs)",
         f"built on: {cpu.built_on}",
     ]
@@ -494,9 +496,7 @@ def _parse_config(raw: Any, state_bindings: int | None) -> Config:
             f"etsdk-aoti blob: config.state_inputs must be {expected} (every state binding in order), found {indices!r}"
         )
     cpu = None
-    if "cpu" in f.obj:
-        if device != "cpu":
-            raise f.fail("cpu", f"absent for device {device!r} (it describes CPU code)")
+    if "cpu" in f.obj:  # every device: a CUDA library's host code is compiled for a CPU too
         cpu = _parse_cpu(f.obj["cpu"])
     return Config(
         device=device,

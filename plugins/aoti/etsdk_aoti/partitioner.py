@@ -38,7 +38,8 @@ class AotiPartitioner(OperatorPartitioner):
     ``cpu_target``: the CPU the generated code is compiled for (device ``cpu``): ``native`` (default: this
     host's every feature) or a baseline a fleet shares, one of :func:`etsdk.backend.cpu_target_names`
     (``x86-64-v3``: AVX2; ``x86-64-v4``: AVX-512); :mod:`etsdk_aoti.cpu`. The blob records it and a host that
-    lacks one of its features refuses the program at load.
+    lacks one of its features refuses the program at load. Device ``cuda`` too: its library's host code (the
+    wrapper that launches the kernels, any work left on the CPU) is C++ compiled for a CPU like a CPU library's.
     """
 
     def __init__(self, device: str | None = None, kernel_threads: int = 1, cpu_target: str = "native") -> None:
@@ -51,10 +52,6 @@ class AotiPartitioner(OperatorPartitioner):
             raise ExportError(f"etsdk-aoti kernel_threads must be -1 (the caller's team) or >= 1, found {kernel_threads!r}")
         if not isinstance(cpu_target, str) or cpu_target not in cpu_target_names():
             raise ExportError(f"etsdk-aoti cpu_target must be one of {', '.join(cpu_target_names())}, found {cpu_target!r}")
-        if cpu_target != "native" and self.device != "cpu":
-            raise ExportError(
-                f"etsdk-aoti cpu_target {cpu_target!r} applies to device 'cpu'; this partition compiles for {self.device!r}"
-            )
         self.kernel_threads = kernel_threads
         self.cpu_target = cpu_target
         specs = {DEVICE_SPEC: self.device.encode(), KERNEL_THREADS_SPEC: str(kernel_threads).encode()}

@@ -91,7 +91,7 @@ def etsdk_register_backends() -> list[BackendSpec]:
                 ),
                 Option(
                     "cpu_target", str, "native",
-                    "the CPU the generated code is compiled for: native (this host) or a baseline a fleet shares "
+                    "the CPU the generated code (on CUDA: its host code) is compiled for: native (this host) or a baseline a fleet shares "
                     "(x86-64-v3: AVX2, x86-64-v4: AVX-512); a host that lacks a feature refuses the program at load",
                     choices=tuple(cpu_target_names()),
                 ),

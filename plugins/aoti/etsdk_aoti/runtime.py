@@ -101,16 +101,17 @@ class AotiBinding:
         # features, both JSON sections, state_inputs against the delegate's bindings, the library's SHA-256
         blob = blob_format.decode(context.blob, state_bindings=len(context.states))
         device = blob.config.device
+        # never load code compiled for a CPU this host is not (a CUDA library's host code too): it would die of SIGILL
+        if blob.config.cpu is not None:
+            why = cpu.refusal(blob.config.cpu, host_cpu())
+            if why is not None:
+                raise BackendUnavailableError(why, backend_id=BACKEND_ID)
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise BackendUnavailableError(
                 f"this program was compiled by etsdk-aoti for {device}, but no CUDA device is available",
                 backend_id=BACKEND_ID,
             )
         assert isinstance(blob.library, memoryview)  # decode's zero-copy view, its hash checked
-        if blob.config.cpu is not None:  # never load code compiled for a CPU this host is not: it would die of SIGILL
-            why = cpu.refusal(blob.config.cpu, host_cpu())
-            if why is not None:
-                raise BackendUnavailableError(why, backend_id=BACKEND_ID)
         if blob.calls_native:
             from etsdk_aoti import kernels
 

@@ -439,14 +439,12 @@ def preprocess(partition: Partition) -> bytes:
     try:
         weights_read = frozenset(c.placeholder for c in partition.constants())
         kernel_threads = int(partition.compile_specs.get(KERNEL_THREADS_SPEC, b"1").decode())
-        build = _cpu_build(partition) if device == "cpu" else None
-        compiled = compile_partition(
-            edge_program, device, workdir, signature.states, weights_read, kernel_threads,
-            build.options if build is not None else None,
-        )
+        # every device: a CUDA library's host code is C++ too, compiled -march=native unless told otherwise
+        build = _cpu_build(partition)
+        compiled = compile_partition(edge_program, device, workdir, signature.states, weights_read, kernel_threads, build.options)
         host = host_cpu()
         library: Library | GeneratedSource
-        if build is None or build.runs_on(host):
+        if build.runs_on(host):
             # The constants' metadata is read from a container on the compile device: the
             # blob is written from what the container says, not from the state dict.
             library = Library(compiled.library, device)
@@ -477,7 +475,7 @@ def preprocess(partition: Partition) -> bytes:
             library_sha256=blob_format.library_sha256(compiled.library),
             # the library's inputs after the engine inputs: every state binding, in order
             state_inputs=tuple(range(len(signature.states))),
-            cpu=build.record(host) if build is not None else None,
+            cpu=build.record(host),
         )
         blob = AotiBlob(
             config, constants, compiled.library, calls_kernels=compiled.calls_kernels, calls_attention=compiled.calls_attention,

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import etsdk
@@ -245,8 +246,47 @@ def test_an_unknown_target_is_refused_in_one_line_before_anything_compiles(model
     assert all(name in message for name in ("native", "x86-64-v3", "x86-64-v4"))
     with pytest.raises(ExportError, match="cpu_target must be one of native, x86-64, x86-64-v2, x86-64-v3, x86-64-v4, found 'armv8-a'"):
         AotiPartitioner(device="cpu", cpu_target="armv8-a")  # another machine's target
-    with pytest.raises(ExportError, match="applies to device 'cpu'"):
-        AotiPartitioner(device="cuda", cpu_target="x86-64-v3")
+
+
+class _CompileStopped(Exception):
+    pass
+
+
+@pytest.mark.parametrize(("target", "march"), [("native", None), ("x86-64-v3", "x86-64-v3")])
+def test_a_cuda_librarys_host_code_is_compiled_for_the_cpu_target(
+    model: Tiny, monkeypatch: pytest.MonkeyPatch, target: str, march: str | None
+) -> None:
+    """A CUDA library's wrapper is C++ Inductor compiles ``-march=native`` unless told: the target reaches that
+    compile too (the compile itself needs CUDA: stopped where it would start)."""
+    seen: dict[str, Any] = {}
+
+    def compile_stub(edge_program: Any, device: str, workdir: Path, *args: Any, **kwargs: Any) -> Any:
+        seen.update(device=device, options=args[3] if len(args) > 3 else kwargs.get("target_options"))
+        raise _CompileStopped
+
+    monkeypatch.setattr(serializer, "compile_partition", compile_stub)
+    with pytest.raises(ExportError, match="_CompileStopped"):
+        etsdk.lower(module=model, example_inputs=(X,), backend=BACKEND_ID, partitioner_options={"device": "cuda", "cpu_target": target})
+    assert seen["device"] == "cuda"
+    assert seen["options"].get("cpp.march") == march  # native: Inductor's own -march=native, recorded as such
+
+
+def test_a_cuda_blob_carries_its_host_codes_cpu_and_a_host_that_lacks_it_refuses_first(
+    v3: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cuda = _with_config(v3["payload"], _set("device", "cuda"))
+    blob = blob_format.decode(cuda)
+    assert (blob.config.device, blob.config.cpu) == ("cuda", v3["blob"].config.cpu)
+    assert any(line.startswith("cpu target of the host code: x86-64-v3 (x86_64): needs ") for line in blob_format.describe(blob))
+    if "avx2" not in host_cpu().features:
+        pytest.skip("this host has no AVX2 to hide")
+    monkeypatch.setenv(HIDE, "avx2,fma")
+    context = SimpleNamespace(blob=memoryview(cuda), states=())
+    # the CPU is checked before the GPU: this host (which has no CUDA either, or hides nothing of it) is told
+    # what its CPU lacks, and nothing is written or loaded
+    monkeypatch.setattr(runtime, "cached_library", lambda *a: pytest.fail("a library was cached for a host that cannot run it"))
+    with pytest.raises(BackendUnavailableError, match="compiled for x86-64-v3 .*this host lacks avx2 fma"):
+        runtime.AotiBinding().init(context)  # type: ignore[arg-type]
 
 
 def _with_config(payload: bytes, change: Any, features: tuple[str, ...] | None = None) -> bytes:
@@ -288,7 +328,6 @@ _DELETE = object()
         (_set("cpu.machine", "x86 64"), "config.cpu.machine must be a machine name"),
         (_set("cpu.vec_isa", ""), "config.cpu.vec_isa must be a non-empty string"),
         (_set("cpu", "x86-64-v3"), "config.cpu must be an object, found str"),
-        (_set("device", "cuda"), "config.cpu must be absent for device 'cuda'"),
         (_set("cpu", _DELETE), f"has no config.cpu, which goes with requiring {CPU_TARGET_FEATURE}"),
     ],
 )
