@@ -94,6 +94,25 @@ def test_random_replies_read_as_the_whole_text_does_and_cost_a_few_ids_a_decode(
         assert max(calls) <= CONTEXT_IDS + 8, (max(calls), len(reply))
 
 
+def test_a_long_run_of_special_ids_keeps_the_window_short(tokenizer: Any) -> None:
+    prompt = tokenizer.encode("The capital of France is")
+    special, paris, euro = tokenizer.convert_tokens_to_ids("</s>"), tokenizer.convert_tokens_to_ids("\u2581Paris"), [
+        tokenizer.convert_tokens_to_ids(f"<0x{b:02X}>") for b in "\u20ac".encode()
+    ]
+    reply = [paris, *[special] * 300, *euro[:2], *[special] * 50, euro[2], *[special] * 100, paris]
+    calls: list[int] = []
+    text = IncrementalText(decoder(tokenizer, calls), prompt)
+    pieces = [text.extend([token]) for token in reply]
+    assert "".join(pieces) == text.final() == " Paris\u20ac Paris"
+    assert decoder(tokenizer)(prompt) + text.final() == decoder(tokenizer)(prompt + reply)
+    # 300 specials after a word: each decode reads the word's window and the new id, not the run so far
+    assert max(calls[: 2 * 301]) <= CONTEXT_IDS + 1, max(calls[: 2 * 301])
+    # a character split over ids waits, with the specials inside it, for its last byte; the 100 specials after
+    # it then read that window (its 3 bytes and the 50 specials) and the new id: never longer
+    tail = calls[-2 * 101 : -2]
+    assert max(tail) == max(tail[:2]) <= 3 + 50 + 1, tail
+
+
 def test_ids_without_a_tokenizer_read_as_numbers() -> None:
     text = IncrementalText(lambda ids: " ".join(map(str, ids)))
     text.extend([5, 6, 7])

@@ -51,6 +51,10 @@ class IncrementalText:
             if len(now) > len(known) and not now.endswith(_INCOMPLETE):
                 self.text += now[len(known) :]
                 self._prefix, self._read = self._read, len(self._ids)
+            elif now == known:
+                # the ids since the last text read as nothing after it (special tokens): they leave the window,
+                # which keeps the text ids a later word joins to; a run of them would make every decode longer
+                del self._ids[self._read :]
         return self.text[before:]
 
     def final(self) -> str:
