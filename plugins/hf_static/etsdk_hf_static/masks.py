@@ -51,5 +51,6 @@ def last_real_row(mask: torch.Tensor) -> torch.Tensor:
     the last real one sees, so the last real row is ``count[-1] - count[0]`` rows after the first (``count``: the
     visible cache rows of each row). Clamped to the chunk: a mask outside the rule never indexes out of it.
     """
-    counts = mask[0, 0].sum(dim=-1)
-    return torch.clamp(counts[-1:] - counts[:1], min=0, max=mask.shape[2] - 1)
+    rows = mask[0, 0]
+    first, last = rows[:1].sum(dim=-1), rows[-1:].sum(dim=-1)  # two rows of the mask, not all T
+    return torch.clamp(last - first, min=0, max=mask.shape[2] - 1)

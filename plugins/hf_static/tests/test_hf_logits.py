@@ -123,7 +123,7 @@ def test_padding_rows_touch_the_sequence_layout_only() -> None:
     padding = PaddingRows(model)
     x = torch.randn(1, 4, 5)
     with torch.no_grad():
-        padding.set(causal_mask(0, 2, 4, 8))  # two real rows of four
+        padding.set(4, last_real_row(causal_mask(0, 2, 4, 8)))  # two real rows of four
         zeroed = layer(x)
         gathered = layer(x[0])  # [T, K]: rows in another order (a mixture of experts' tokens), left alone
         padding.rows = None

@@ -131,15 +131,20 @@ def _full_logits(model: Any, full_logits: bool) -> bool:
     return full_logits
 
 
-def _logits(model: Any, full_logits: bool, causal: torch.Tensor, **inputs: Any) -> torch.Tensor:
-    """``model``'s logits ``[1, T, V]``: every row's, or (``full_logits`` False and T > 1) the last real row's (read
-    from ``causal``, the chunk's ``attention_mask``) and zeros."""
-    rows = int(inputs["input_ids"].shape[1])
-    if full_logits or rows == 1:
-        return model(**inputs).logits
+def _last_row(causal: torch.Tensor) -> torch.Tensor | None:
+    """A chunk's last real row (``[1]``, read once from its ``attention_mask`` by the wrappers' forward, for the
+    logits and the padded rows); None for a one-row call."""
     from etsdk_hf_static.masks import last_real_row
 
-    keep = last_real_row(causal)
+    return None if causal.shape[2] == 1 else last_real_row(causal)
+
+
+def _logits(model: Any, full_logits: bool, keep: torch.Tensor | None, **inputs: Any) -> torch.Tensor:
+    """``model``'s logits ``[1, T, V]``: every row's, or (``full_logits`` False and T > 1) the last real row's
+    (``keep``: :func:`_last_row`) and zeros."""
+    rows = int(inputs["input_ids"].shape[1])
+    if full_logits or keep is None:
+        return model(**inputs).logits
     logits = model(logits_to_keep=keep, **inputs).logits
     return logits.new_zeros((1, rows, logits.shape[-1])).index_copy(1, keep, logits)
 
@@ -166,12 +171,10 @@ class PaddingRows:
             if isinstance(module, (torch.nn.Linear, QuantizedLinear)) and module is not head
         ]
 
-    def set(self, causal: torch.Tensor) -> None:
-        """Mark the real rows of the chunk ``causal`` (its ``attention_mask``) masks; a one-row call has none padded."""
-        from etsdk_hf_static.masks import last_real_row
-
-        rows = causal.shape[2]
-        self.rows = None if rows == 1 else (torch.arange(rows) <= last_real_row(causal)).reshape(rows, 1)
+    def set(self, rows: int, last: torch.Tensor | None) -> None:
+        """Mark the real rows of a chunk of ``rows`` whose last real row is ``last`` (None: a one-row call, none
+        padded)."""
+        self.rows = None if last is None else (torch.arange(rows) <= last).reshape(rows, 1)
 
     def _zero(self, module: Any, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
         # only the sequence's own layout, [1, T, K]: a layer fed tokens in another order (a mixture of experts'
@@ -218,12 +221,13 @@ class StaticCausalLM(torch.nn.Module):
             self.register_buffer(f"cumulative_length_{i}", layer.cumulative_length, persistent=False)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        last = _last_row(attention_mask)
         if self.padding is not None:
-            self.padding.set(attention_mask)
+            self.padding.set(attention_mask.shape[2], last)
         logits = _logits(
             self.model,
             self.full_logits,
-            attention_mask,
+            last,
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=positions.unsqueeze(0),
@@ -341,8 +345,9 @@ class WindowedCausalLM(torch.nn.Module):
 
         forget_int8()
         self.cache.positions = positions
+        last = _last_row(attention_mask)
         if self.padding is not None:
-            self.padding.set(attention_mask)
+            self.padding.set(attention_mask.shape[2], last)
         mask: Any
         if self.by_type:  # models with per-layer types take one mask per type
             # (a window no shorter than S is full attention: hf_static v3 without ring caches)
@@ -350,7 +355,7 @@ class WindowedCausalLM(torch.nn.Module):
         else:  # every layer is the same kind (Mistral's sliding window)
             mask = window_mask if self.all_window else attention_mask
         logits = _logits(
-            self.model, self.full_logits, attention_mask, input_ids=input_ids, attention_mask=mask, position_ids=positions.unsqueeze(0),
+            self.model, self.full_logits, last, input_ids=input_ids, attention_mask=mask, position_ids=positions.unsqueeze(0),
             past_key_values=self.cache, use_cache=True,
         )
         forget_int8()  # the dequantized caches of this step are not kept alive until the next one
