@@ -69,7 +69,13 @@ Last line: JSON with ``etsdk_tokens_per_s``, ``eager_tokens_per_s``, ``xnnpack_t
 contended figures with ``--contended``, the breakdown and the parameter count. A path that was not run
 (``--no-xnnpack``) keeps its keys, with ``null`` values.
 
-``--smoke``: a 1-layer model (hidden 64, vocab 256), T=4, S=16, 4 decode steps, one round, without the XNNPACK
+``--rows K,...`` (e.g. ``1,2,4,8,37``): after the prompt, one call of the prefill method over K real rows (padded
+to T) against K decode steps, interleaved each round: what a step over K rows at once costs beside K steps of
+one, i.e. what a decode step that advances K sessions with one read of the weights could save at most
+(``etsdk_rows_steps_over_call``: > 1, the one call is cheaper). A prefill call also pays its T - K padded rows'
+elementwise work, so this understates the saving.
+
+``--smoke``: a 1-layer model (hidden 64, vocab 256), T=4, S=16, 4 decode steps, one round (``--rows 1,2``), without the XNNPACK
 peer (its strict two-method export alone takes over a minute on 2 cores even at this size; its keys are
 ``null``, as with ``--no-xnnpack``): the same etsdk export, paths, runs and JSON keys; the figures are too noisy
 to compare.
@@ -310,6 +316,8 @@ def main() -> None:
         help="compile the etsdk programs' AOTInductor code for this CPU target (x86-64-v3: AVX2, with ETSDK_AOTI_ISA=avx2 "
         "the whole program runs at the AVX2 level); default: this host",
     )
+    parser.add_argument("--rows", default=None, metavar="K,...",
+                        help="also time one prefill call over K rows against K decode steps, for each K (<= T)")
     parser.add_argument("--workdir", default=None, help="keep the exported programs here and reuse them for the same "
                         "--model/--shape/sizes (a 135M-parameter AOTI export takes minutes; delete the directory "
                         "after changing the code)")
@@ -322,6 +330,14 @@ def main() -> None:
         args.no_xnnpack = True  # a slow optional peer: its keys stay, null
     if args.smoke and args.tail:
         args.tail = 3
+    if args.smoke and args.rows is None:
+        args.rows = "1,2"
+    try:
+        rows = sorted({int(k) for k in args.rows.split(",")}) if args.rows else []
+    except ValueError:
+        parser.error(f"--rows takes row counts separated by commas, found {args.rows!r}")
+    if rows and not 1 <= rows[0] <= rows[-1] <= args.prefill:
+        parser.error(f"--rows: every K must be 1..T ({args.prefill}), found {args.rows}")
     T, S = args.prefill, args.context
     if T + args.new + 1 + args.tail > S:
         parser.error("prefill + new (+ tail) must fit the context")
@@ -506,8 +522,30 @@ def main() -> None:
             run = _time(lambda: [runner.program.run("decode", *inputs, session=conversation.session) for _ in range(args.new)])
             return whole / args.new * 1e6, run / args.new * 1e6
 
+        by_rows: dict[int, list[tuple[float, float]]] = {k: [] for k in rows}
+
+        def run_rows() -> None:
+            """One prefill call over k rows vs k decode steps after the prompt, each rewound after it."""
+            conversation = runner.new_conversation()
+            conversation.generate(prompt, max_new_tokens=1, stop_at_eos=False)
+            start, pending, kept = conversation.position, tuple(conversation.pending), len(conversation.tokens)
+            fresh = torch.randint(0, model.config.vocab_size, (T,), generator=torch.Generator().manual_seed(2)).tolist()
+            ids = pending + tuple(fresh)
+            for k in rows:
+                chunk, singles = Step("prefill", start, ids[:k], T), [Step("decode", start + i, (ids[i],), 1) for i in range(k)]
+                call = _time(lambda step=chunk: conversation.run_step(step))
+                conversation.rewind(len(conversation.tokens) - kept)
+                steps = _time(lambda each=singles: [conversation.run_step(step) for step in each])
+                conversation.rewind(len(conversation.tokens) - kept)
+                by_rows[k].append((call * 1e3, steps * 1e3))
+
+        if rows and T + max(rows) + 1 > S:
+            raise SystemExit(f"--rows {args.rows}: the prompt (T={T}) and {max(rows)} more rows must fit S={S}")
         for fn in peers.values():  # warm-up
             fn(2)
+        if rows:
+            run_rows()
+            by_rows = {k: [] for k in rows}
         quiet: dict[str, list[tuple[float, float, float]]] = {name: [] for name in peers}
         contended: dict[str, list[tuple[float, float, float]]] = {name: [] for name in peers}
         splits = []
@@ -520,6 +558,8 @@ def main() -> None:
                     with _Busy():
                         contended[name].append(peers[name](args.new))
             splits.append(breakdown())
+            if rows:
+                run_rows()
             loads.append(os.getloadavg()[0])
             line = ", ".join(f"{n} {quiet[n][-1][1]:.1f}" + (f"/{contended[n][-1][1]:.1f}" if args.contended else "") for n in peers)
             print(f"round {r} (tokens/s{', quiet/contended' if args.contended else ''}): {line}", file=sys.stderr)
@@ -567,6 +607,11 @@ def main() -> None:
     out["etsdk_vs_etsdk_float_decode"] = out["etsdk_tokens_per_s"] / floating if floating is not None else None
     llama = out["llama_cpp_tokens_per_s"]
     out["etsdk_vs_llama_cpp_decode"] = out["etsdk_tokens_per_s"] / llama if llama is not None else None
+    out["rows"] = rows or None
+    medians = {k: (statistics.median(c for c, _ in v), statistics.median(d for _, d in v)) for k, v in by_rows.items()}
+    out["etsdk_rows_call_ms"] = {str(k): call for k, (call, _) in medians.items()} if rows else None
+    out["etsdk_rows_steps_ms"] = {str(k): steps for k, (_, steps) in medians.items()} if rows else None
+    out["etsdk_rows_steps_over_call"] = {str(k): steps / call for k, (call, steps) in medians.items()} if rows else None
     out["tail_tokens"] = args.tail
     for name in ("etsdk", "llama_cpp"):  # the rounds' tails: not the warm-up's (the first), nor the traffic runs'
         runs = tails[name][1 : 1 + args.rounds] if args.tail else []

@@ -102,6 +102,10 @@ EXPECTED_KEYS: dict[str, set[str]] = {
         "etsdk_tail_prefill_ms",
         "llama_cpp_tail_prefill_ms",
         "etsdk_vs_llama_cpp_tail_prefill",
+        "rows",  # --smoke times --rows 1,2
+        "etsdk_rows_call_ms",
+        "etsdk_rows_steps_ms",
+        "etsdk_rows_steps_over_call",
         "etsdk_runner_us_per_step",
         "etsdk_program_run_us_per_step",
         "etsdk_vs_eager_decode",
