@@ -71,7 +71,10 @@ def test_a_character_split_over_ids_waits_for_its_last_one(tokenizer: Any) -> No
     assert text.extend(tokenizer.convert_tokens_to_ids(["\u2581Paris"])) == " Paris"
 
 
-def test_random_replies_read_as_the_whole_text_does_and_cost_a_few_ids_a_decode(tokenizer: Any) -> None:
+@pytest.mark.parametrize("bare_space", [False, True], ids=["words", "words-and-a-bare-space"])
+def test_random_replies_read_as_the_whole_text_does_and_cost_a_few_ids_a_decode(tokenizer: Any, bare_space: bool) -> None:
+    if bare_space:  # "▁" alone: nothing at a text's start, a space before the next word
+        tokenizer = sentencepiece_like(words=[*WORDS, ""])
     rng = random.Random(0)
     # words with and without their space, specials, and whole UTF-8 characters spelled in byte tokens
     words = [t for t in tokenizer.get_vocab() if not t.startswith("<0x")]
@@ -111,6 +114,18 @@ def test_a_long_run_of_special_ids_keeps_the_window_short(tokenizer: Any) -> Non
     # it then read that window (its 3 bytes and the 50 specials) and the new id: never longer
     tail = calls[-2 * 101 : -2]
     assert max(tail) == max(tail[:2]) <= 3 + 50 + 1, tail
+
+
+def test_a_bare_space_that_reads_as_nothing_alone_keeps_its_space_before_the_next_word() -> None:
+    # a decoder that strips the text's leading space (SentencePiece's): "▁" first reads as nothing, yet it is the
+    # space before what follows; a chat reply starts with no context, so the window is empty then
+    tokenizer = sentencepiece_like(words=[*WORDS, ""], byte_tokens=True)
+    space, paris, special = (tokenizer.convert_tokens_to_ids(t) for t in ("\u2581", "\u2581Paris", "<s>"))
+    for reply in ([space, paris], [space, special, special, space, paris], [special, space, paris]):
+        text = IncrementalText(decoder(tokenizer))
+        for token in reply:
+            text.extend([token])
+        assert text.final() == decoder(tokenizer)(reply), reply
 
 
 def test_ids_without_a_tokenizer_read_as_numbers() -> None:

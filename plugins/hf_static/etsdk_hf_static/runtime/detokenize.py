@@ -51,9 +51,11 @@ class IncrementalText:
             if len(now) > len(known) and not now.endswith(_INCOMPLETE):
                 self.text += now[len(known) :]
                 self._prefix, self._read = self._read, len(self._ids)
-            elif now == known:
+            elif now == known and known:
                 # the ids since the last text read as nothing after it (special tokens): they leave the window,
-                # which keeps the text ids a later word joins to; a run of them would make every decode longer
+                # which keeps the text ids a later word joins to; a run of them would make every decode longer.
+                # Not while the window reads as nothing yet: there a SentencePiece decoder strips a leading space,
+                # so a bare "▁" reads as nothing alone and as " " before the next word
                 del self._ids[self._read :]
         return self.text[before:]
 
