@@ -223,6 +223,8 @@ def test_benchmark_smoke(name: str, flags: list[str], tmp_path: Path) -> None:
     assert isinstance(last, dict), report
     missing = VARIANT_KEYS.get(f"{name}{''.join(flags)}", EXPECTED_KEYS[name]) - set(last)
     assert not missing, f"missing keys {sorted(missing)}\n{report}"
+    if name == "hf_static_decode":  # --smoke times --rows 1,2: each K has its figures
+        assert last["rows"] == [1, 2] and set(last["etsdk_rows_steps_over_call"] or {}) == {"1", "2"}, report
     for entry in last["shapes"] if name == "hf_static_export_memory" and "--shape" in flags else []:  # each shape's figures
         missing = (EXPECTED_KEYS[name] | {"shape", "parameters", "generated", "rss_target_bytes"}) - set(entry)
         assert not missing, f"missing keys {sorted(missing)} in a shape's figures\n{report}"

@@ -52,7 +52,8 @@ sections, in this order:
 Required features (a reader refuses any it does not know): ``aoti.container.v1`` always;
 ``aoti.state_inputs.v1`` when ``state_inputs`` is not empty; ``aoti.cpu_target.v1`` exactly when ``config.cpu``
 is present (a reader that cannot check the host against it must refuse the blob, not run code that may die of an
-illegal instruction); ``aoti.named_constants.v1`` when a constant has
+illegal instruction), and ``aoti.cpu_target.host.v1`` too exactly when the device is not the CPU (the record is
+the host code's; readers of the first feature alone took it for CPU libraries only); ``aoti.named_constants.v1`` when a constant has
 source "entry" or "derived"; ``aoti.kernels.qmm.v1``, ``aoti.kernels.attention.v1``,
 ``aoti.kernels.attention_int8.v1`` and ``aoti.kernels.linear.v1`` when the library calls the corresponding
 kernel of etsdk-aoti's kernels library (:mod:`etsdk_aoti.kernels`). Blobs of older layouts are refused with the advice to re-export: a constant with
@@ -103,9 +104,12 @@ NAMED_CONSTANTS_FEATURE = "aoti.named_constants.v1"
 #: config ``cpu`` says what CPU the library needs; a reader must check the host against it before loading the
 #: library (an older reader cannot, so it refuses the blob)
 CPU_TARGET_FEATURE = "aoti.cpu_target.v1"
+#: ... for a device other than the CPU: the record describes the library's host code (a reader of
+#: aoti.cpu_target.v1 alone took config.cpu for CPU libraries only and would call the blob malformed)
+HOST_CPU_TARGET_FEATURE = "aoti.cpu_target.host.v1"
 KNOWN_FEATURES = frozenset(
     {BLOB_FEATURE, STATE_INPUTS_FEATURE, NAMED_CONSTANTS_FEATURE, KERNELS_FEATURE, ATTENTION_FEATURE, ATTENTION_INT8_FEATURE, LINEAR_FEATURE,
-     LINEAR16_FEATURE, QMM_A8_FEATURE, QMM_A8_FUSED_FEATURE, QMM_A8_INT8_FEATURE, CPU_TARGET_FEATURE}
+     LINEAR16_FEATURE, QMM_A8_FEATURE, QMM_A8_FUSED_FEATURE, QMM_A8_INT8_FEATURE, CPU_TARGET_FEATURE, HOST_CPU_TARGET_FEATURE}
 )
 #: ``config.cpu.kernels``: etsdk-aoti's kernels are built where the program runs and pick their level there
 KERNELS_PORTABLE = "portable"
@@ -262,6 +266,8 @@ class AotiBlob:
             features.append(QMM_A8_INT8_FEATURE)
         if self.config.cpu is not None:
             features.append(CPU_TARGET_FEATURE)
+            if self.config.device != "cpu":
+                features.append(HOST_CPU_TARGET_FEATURE)
         return features
 
     @property
@@ -371,6 +377,13 @@ def decode(payload: memoryview | bytes, *, state_bindings: int | None = None) ->
         has = "has config.cpu" if config.cpu is not None else "has no config.cpu"
         raise BlobFormatError(
             f"etsdk-aoti blob: it {has}, which goes with requiring {CPU_TARGET_FEATURE} "
+            f"(it requires {', '.join(reader.required_features)})"
+        )
+    host_code = config.cpu is not None and config.device != "cpu"
+    if host_code != (HOST_CPU_TARGET_FEATURE in reader.required_features):
+        has = f"a config.cpu for device {config.device!r}" if host_code else "no config.cpu for a device other than the CPU"
+        raise BlobFormatError(
+            f"etsdk-aoti blob: it has {has}, which goes with requiring {HOST_CPU_TARGET_FEATURE} "
             f"(it requires {', '.join(reader.required_features)})"
         )
     raw = _json(reader, CONSTANTS_SECTION)

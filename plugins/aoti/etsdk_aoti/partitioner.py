@@ -35,7 +35,7 @@ class AotiPartitioner(OperatorPartitioner):
     contention; a model dominated by large elementwise work may want -1. GEMMs and attention always use the
     caller's team.
 
-    ``cpu_target``: the CPU the generated code is compiled for (device ``cpu``): ``native`` (default: this
+    ``cpu_target``: the CPU the generated C++ is compiled for (every device): ``native`` (default: this
     host's every feature) or a baseline a fleet shares, one of :func:`etsdk.backend.cpu_target_names`
     (``x86-64-v3``: AVX2; ``x86-64-v4``: AVX-512); :mod:`etsdk_aoti.cpu`. The blob records it and a host that
     lacks one of its features refuses the program at load. Device ``cuda`` too: its library's host code (the

@@ -62,7 +62,8 @@ def _describe_payload(payload: memoryview) -> list[str]:
     lines = blob_format.describe(blob)
     if blob.config.cpu is not None:
         why = cpu.refusal(blob.config.cpu, host_cpu())
-        lines.append(why.split("; ", 1)[1] if why else "this host runs it")  # "this host lacks ...; re-export ..."
+        runs = "this host runs it" if blob.config.device == "cpu" else "this host's CPU runs its host code"
+        lines.append(why.split("; ", 1)[1] if why else runs)  # "this host lacks ...; re-export ..."
     return lines
 
 

@@ -28,7 +28,7 @@ from etsdk import BackendUnavailableError, BlobFormatError, ExportError, Unsuppo
 from etsdk.backend import BlobReader, BlobWriter, cache_dir, cpu_target, host_cpu
 from etsdk.testing import capture_delegates
 from etsdk_aoti import BACKEND_ID, blob_format, runtime, serializer
-from etsdk_aoti.blob_format import CPU_TARGET_FEATURE, KNOWN_FEATURES
+from etsdk_aoti.blob_format import CPU_TARGET_FEATURE, HOST_CPU_TARGET_FEATURE, KNOWN_FEATURES
 from etsdk_aoti.library import ConstantKind, GeneratedSource
 from etsdk_aoti.partitioner import AotiPartitioner
 
@@ -271,10 +271,37 @@ def test_a_cuda_librarys_host_code_is_compiled_for_the_cpu_target(
     assert seen["options"].get("cpp.march") == march  # native: Inductor's own -march=native, recorded as such
 
 
+def _as_cuda(payload: bytes, *, record: bool = True) -> bytes:
+    """``payload`` (a CPU blob) as a CUDA blob would say it: device cuda, its CPU record the host code's (features as
+    the writer sets them), or, ``record=False``, as written before CUDA blobs had one."""
+    features = tuple(f for f in BlobReader(payload, known_features=KNOWN_FEATURES).required_features if f != CPU_TARGET_FEATURE)
+    if not record:
+        return _with_config(payload, lambda config: (config.update(device="cuda"), config.pop("cpu")), features)
+    return _with_config(payload, _set("device", "cuda"), (*features, CPU_TARGET_FEATURE, HOST_CPU_TARGET_FEATURE))
+
+
+def test_a_cuda_blobs_host_code_record_goes_with_its_own_feature(v3: dict[str, Any]) -> None:
+    cuda = _as_cuda(v3["payload"])
+    assert set(blob_format.decode(cuda).required_features()) == set(BlobReader(cuda, known_features=KNOWN_FEATURES).required_features)
+    # a reader that knows CPU records only for CPU libraries refuses it as a feature it lacks, not as damage
+    with pytest.raises(UnsupportedFeatureError, match=HOST_CPU_TARGET_FEATURE):
+        BlobReader(cuda, known_features=KNOWN_FEATURES - {HOST_CPU_TARGET_FEATURE})
+    without = _with_config(v3["payload"], _set("device", "cuda"))  # the record without the feature
+    with pytest.raises(BlobFormatError, match=f"config.cpu for device 'cuda', which goes with requiring {HOST_CPU_TARGET_FEATURE}"):
+        blob_format.decode(without)
+    cpu_with = _with_config(v3["payload"], lambda config: None, (*BlobReader(v3["payload"], known_features=KNOWN_FEATURES).required_features, HOST_CPU_TARGET_FEATURE))
+    with pytest.raises(BlobFormatError, match=f"no config.cpu for a device other than the CPU, which goes with requiring {HOST_CPU_TARGET_FEATURE}"):
+        blob_format.decode(cpu_with)
+    # a CUDA blob written before the record loads as before: nothing to check, and inspect says so
+    old = blob_format.decode(_as_cuda(v3["payload"], record=False))
+    assert old.config.cpu is None and HOST_CPU_TARGET_FEATURE not in old.required_features()
+    assert "cpu target of the host code: not recorded (an older blob): built for its exporting host" in blob_format.describe(old)
+
+
 def test_a_cuda_blob_carries_its_host_codes_cpu_and_a_host_that_lacks_it_refuses_first(
     v3: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    cuda = _with_config(v3["payload"], _set("device", "cuda"))
+    cuda = _as_cuda(v3["payload"])
     blob = blob_format.decode(cuda)
     assert (blob.config.device, blob.config.cpu) == ("cuda", v3["blob"].config.cpu)
     assert any(line.startswith("cpu target of the host code: x86-64-v3 (x86_64): needs ") for line in blob_format.describe(blob))

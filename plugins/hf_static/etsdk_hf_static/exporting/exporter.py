@@ -415,7 +415,7 @@ def _export_loaded(
     quiet: bool,
 ) -> tuple[list[Path], bool]:
     """:func:`export` once the model is loaded: quantize, trace, lower and write; the paths written, and whether
-    an etsdk-aoti delegate records a CPU target (it compiled CPU code)."""
+    an etsdk-aoti delegate records a CPU target (it compiled C++: a CPU library, or a CUDA library's host code)."""
     import torch
 
     from etsdk_hf_static.exporting.module import WRAPPED

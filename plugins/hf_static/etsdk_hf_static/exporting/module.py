@@ -221,7 +221,7 @@ class StaticCausalLM(torch.nn.Module):
             self.register_buffer(f"cumulative_length_{i}", layer.cumulative_length, persistent=False)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        last = _last_row(attention_mask)
+        last = _last_row(attention_mask) if self.padding is not None or not self.full_logits else None
         if self.padding is not None:
             self.padding.set(attention_mask.shape[2], last)
         logits = _logits(
@@ -345,7 +345,7 @@ class WindowedCausalLM(torch.nn.Module):
 
         forget_int8()
         self.cache.positions = positions
-        last = _last_row(attention_mask)
+        last = _last_row(attention_mask) if self.padding is not None or not self.full_logits else None
         if self.padding is not None:
             self.padding.set(attention_mask.shape[2], last)
         mask: Any
