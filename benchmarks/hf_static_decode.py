@@ -543,9 +543,10 @@ def main() -> None:
 
         for fn in peers.values():  # warm-up
             fn(2)
-        if rows:
+        if rows:  # warm-up: its figures are dropped
             run_rows()
-            by_rows = {k: [] for k in rows}
+            for figures in by_rows.values():
+                figures.clear()
         quiet: dict[str, list[tuple[float, float, float]]] = {name: [] for name in peers}
         contended: dict[str, list[tuple[float, float, float]]] = {name: [] for name in peers}
         splits = []
