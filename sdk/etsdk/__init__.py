@@ -64,6 +64,7 @@ if TYPE_CHECKING:
     from etsdk._runtime.record import read_contract
     from etsdk._runtime.verification import VerifyReport, verify
     from etsdk._state.session import Session, StateView
+    from etsdk._state.signature import StateSlot
     from etsdk._state.snapshot import Snapshot
 
 _moved.install()
@@ -74,6 +75,7 @@ _LAZY = {
     "NamedData": "etsdk._runtime.bridge",
     "Session": "etsdk._state.session",
     "StateView": "etsdk._state.session",
+    "StateSlot": "etsdk._state.signature",
     "Snapshot": "etsdk._state.snapshot",
     "quiet_command_line": "etsdk._apps.quiet",
     "data_beside": "etsdk._runtime.program",
@@ -161,6 +163,7 @@ __all__ = [
     "Session",
     "Snapshot",
     "StateError",
+    "StateSlot",
     "StateView",
     "TensorInfo",
     "UnsupportedFeatureError",

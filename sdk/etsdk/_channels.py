@@ -21,7 +21,9 @@ channel                   bound by                                 read by
 ``LOADING``               :meth:`Program.load_method` (which       the bridge's ``init`` dispatch: the record each
                           record and method are loading)           delegate's signature is checked against
 ``SESSION``               :meth:`Session.active` (around every     the bridge's state push, :func:`etsdk._state.session.current_session`
-                          ``Program.run``)
+                          ``Program.run``); a tuple of sessions    (:func:`~etsdk._state.session.current_sessions` by slot)
+                          from ``sessions_active`` for a method
+                          over several sessions
 ``DELEGATE_ERROR``        the bridge dispatcher, when a binding    ``Program`` after the runtime returns an
                           raises inside ``init`` / ``execute``     error code (the Python exception is re-raised)
 ========================  =======================================  ==========================================

@@ -299,18 +299,18 @@ def test_a_plugin_cannot_take_over_a_core_contract_and_its_runner_goes_with_it(s
 
 
 def test_a_new_contract_version_from_a_plugin_coexists_with_the_core_one(site: PluginSite) -> None:
-    _contract_plugin(site, 2)
+    _contract_plugin(site, 9)
     listed = plugins_json(site)
-    assert listed["contracts2"]["status"] == "ok" and listed["contracts2"]["refused"] == []
+    assert listed["contracts9"]["status"] == "ok" and listed["contracts9"]["refused"] == []
     lookup = site.run_python(
         """
         import etsdk
-        print("V1", etsdk.get_contract("kv_decoder", 1).path.name, "V2", etsdk.get_contract("kv_decoder", 2).path.name)
-        print("RUNNER", etsdk.get_runner("kv_decoder", 2).versions)
+        print("V1", etsdk.get_contract("kv_decoder", 1).path.name, "V9", etsdk.get_contract("kv_decoder", 9).path.name)
+        print("RUNNER", etsdk.get_runner("kv_decoder", 9).versions)
         """
     )
-    assert "V1 1.json V2 kv_decoder_2.json" in lookup.stdout, lookup.stderr
-    assert "RUNNER (2,)" in lookup.stdout
+    assert "V1 1.json V9 kv_decoder_9.json" in lookup.stdout, lookup.stderr
+    assert "RUNNER (9,)" in lookup.stdout
 
 
 def test_get_runner_honours_conflicts(site: PluginSite) -> None:

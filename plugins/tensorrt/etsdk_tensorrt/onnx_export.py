@@ -65,12 +65,14 @@ def output_name(index: int, name: str) -> str:
     return f"output.{index}.{name}"
 
 
-def state_input(identity: str) -> str:
-    return f"state.{identity}"
+def state_input(identity: str, slot: int = 0) -> str:
+    """The engine tensor of a state binding: its identity, and its slot in a method over several sessions (where
+    one identity is bound once per slot)."""
+    return f"state.{identity}" + (f".slot{slot}" if slot else "")
 
 
-def state_output(identity: str) -> str:
-    return f"state.{identity}.updated"
+def state_output(identity: str, slot: int = 0) -> str:
+    return f"{state_input(identity, slot)}.updated"
 
 
 @dataclass(frozen=True, slots=True)
@@ -351,7 +353,7 @@ def lift(program: Any, signature: Any) -> _Lifted:
         state_values[states[fqn][0]] = value
 
     ordered = [state_nodes[i] for i in sorted(state_nodes)] + users
-    engine_inputs = [state_input(signature.states[i].state) for i in sorted(state_nodes)]
+    engine_inputs = [state_input(signature.states[i].state, signature.states[i].slot) for i in sorted(state_nodes)]
     engine_inputs += [input_name(i, a.name) for i, a in enumerate(signature.inputs)]
     first = next(iter(graph.nodes))
     replacements = []
@@ -364,7 +366,7 @@ def lift(program: Any, signature: Any) -> _Lifted:
         node.replace_all_uses_with(fresh)
         graph.erase_node(node)
     written_order = sorted(state_values)
-    engine_outputs = [state_output(signature.states[i].state) for i in written_order]
+    engine_outputs = [state_output(signature.states[i].state, signature.states[i].slot) for i in written_order]
     engine_outputs += [output_name(i, a.name) for i, a in enumerate(signature.outputs)]
     output_node.args = (tuple([state_values[i] for i in written_order] + user_values),)
     graph.eliminate_dead_code()
@@ -379,10 +381,10 @@ def lift(program: Any, signature: Any) -> _Lifted:
     state_specs = []
     aliases = []
     for i, s in enumerate(signature.states):
-        out = state_output(s.state) if i in state_values else None
-        state_specs.append(StateTensor(s.state, state_input(s.state), out, s.dtype, tuple(s.shape)))
+        out = state_output(s.state, s.slot) if i in state_values else None
+        state_specs.append(StateTensor(s.state, state_input(s.state, s.slot), out, s.dtype, tuple(s.shape)))
         if out is not None:
-            aliases.append(Alias(out, state_input(s.state), kinds[i], "caller", s.state))
+            aliases.append(Alias(out, state_input(s.state, s.slot), kinds[i], "caller", s.state))
     return _Lifted(
         module=gm,
         example=tuple(example),

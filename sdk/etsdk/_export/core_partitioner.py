@@ -73,6 +73,7 @@ class LoweringContext:
     started: float = field(default_factory=time.perf_counter)
     external_data: str | None = None
     states: dict[str, dict[str, str]] = field(default_factory=dict)  # method -> {buffer fqn: state identity}
+    slots: dict[str, dict[str, int]] = field(default_factory=dict)  # method -> {buffer fqn: slot}, slots > 0 only
     partitioners: dict[str, list[CorePartitioner]] = field(default_factory=dict)  # method -> wrappers, in order
     sealed: dict[str, tuple[str, DelegateSignature, tuple[str | None, ...]]] = field(default_factory=dict)
     kept: dict[str, dict[str, Any]] = field(default_factory=dict)  # method -> operators kept whole (seen at decomposition)
@@ -278,7 +279,7 @@ def _preprocess(backend_id: str, method: str, edge_program: Any, compile_specs: 
 
     context = current_lowering()
     where = f"method '{method}', backend '{backend_id}'"
-    signature = DelegateSignature.from_edge_program(edge_program, context.states.get(method, {}))
+    signature = DelegateSignature.from_edge_program(edge_program, context.states.get(method, {}), context.slots.get(method))
     writer = NamedDataWriter(backend_id, external=context.external_data, stored=context.stored_weights)
     partition = Partition(
         backend_id=backend_id,

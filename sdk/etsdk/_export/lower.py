@@ -21,6 +21,7 @@ from typing import Any
 
 from etsdk._export.output import Lowered
 from etsdk._format.dtypes import dtype_name as _dtype_name
+from etsdk._state.signature import StateSlot
 from etsdk.errors import EtsdkError, ExportError
 
 __all__ = [
@@ -47,7 +48,9 @@ class MethodSource:
     checked against its declared :class:`etsdk.Option` s.
     ``backends``: ids to lower to, each claiming what it supports, in order.
     ``state``: module buffer FQN -> state identity of the contract, for every
-    buffer that holds state (read or written). ``example_kwargs`` are passed by
+    buffer that holds state (read or written); in a method over several sessions
+    (the contract method's ``slots``), FQN -> :class:`etsdk.StateSlot` (identity
+    and slot) for the buffers of the later sessions. ``example_kwargs`` are passed by
     name (the engine binds them after the positional inputs, in this order).
     ``strict``: use strict ``torch.export`` (Hugging Face static caches need it).
     """
@@ -57,8 +60,18 @@ class MethodSource:
     backends: tuple[str, ...] = ()
     partitioner_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     strict: bool = False
-    state: Mapping[str, str] = field(default_factory=dict)
+    state: Mapping[str, str | StateSlot] = field(default_factory=dict)
     example_kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def identities(self) -> dict[str, str]:
+        """Module buffer FQN -> state identity (whichever slot)."""
+        return {fqn: v.state if isinstance(v, StateSlot) else v for fqn, v in self.state.items()}
+
+    @property
+    def slots(self) -> dict[str, int]:
+        """Module buffer FQN -> slot, for every declared state buffer (0 where ``state`` names a plain identity)."""
+        return {fqn: v.slot if isinstance(v, StateSlot) else 0 for fqn, v in self.state.items()}
 
 
 def lower(
@@ -168,7 +181,8 @@ def resolve_partitioners(methods: Mapping[str, MethodSource], context: Any) -> P
                 f"method '{name}': partitioner options given for backend(s) {', '.join(unknown)}, which the method "
                 f"does not use (backends: {', '.join(resolved) or 'none'})"
             )
-        context.states[name] = dict(source.state)
+        context.states[name] = source.identities
+        context.slots[name] = {fqn: slot for fqn, slot in source.slots.items() if slot}
         wrappers: list[CorePartitioner] = []
         for backend_id in resolved:
             spec = get_backend(backend_id)
@@ -229,9 +243,10 @@ def check_traced(
         if contract is not None:
             _check_engine_io(name, exported[name], contract)
     if contract is not None:
-        missing = [m.name for m in contract.methods if m.name not in methods]
-        if missing:
-            raise ExportError(f"contract '{contract.name}' needs method(s) {', '.join(missing)} that were not given")
+        try:
+            contract = contract.for_methods(methods)  # the record lists the optional methods the program has
+        except EtsdkError as exc:
+            raise ExportError(str(exc)) from None
     if contract is not None and contract.states:
         contract = _with_state_device(contract, plan.state_devices)
     model = model_fingerprint(exported.values(), {fqn for s in methods.values() for fqn in s.state}, contract, digest)
@@ -266,7 +281,7 @@ def check_delegation(methods: Mapping[str, MethodSource], edge: Any, context: An
     for name, source in methods.items():
         lowered_program = edge.exported_program(name)
         if not source.backends:  # nothing was partitioned: every mutation is visible at the top level
-            check_mutations_declared(name, lowered_program.graph_signature.buffers_to_mutate.values(), source.state)
+            check_mutations_declared(name, lowered_program.graph_signature.buffers_to_mutate.values(), source.identities)
         left = sorted(set(source.state) & set(lowered_program.graph_signature.buffers))
         if left:
             raise ExportError(
@@ -351,15 +366,34 @@ def _make_partitioner(spec: Any, options: Mapping[str, Any], method: str) -> Any
 
 
 def _check_state_identities(methods: Mapping[str, MethodSource]) -> None:
-    """One buffer is one state in every method of a program (the record names state by identity once)."""
+    """Every declared state is an identity or a :class:`StateSlot`; one buffer is one state (and slot) in every
+    method of a program (the record names state by identity once), and one state of one slot is one buffer."""
     seen: dict[str, tuple[str, str]] = {}
     for name, source in methods.items():
-        for fqn, identity in source.state.items():
-            other = seen.setdefault(fqn, (identity, name))
-            if other[0] != identity:
+        held: dict[tuple[str, int], str] = {}
+        for fqn, value in source.state.items():
+            valid = isinstance(value, str) and value or (
+                isinstance(value, StateSlot) and isinstance(value.state, str) and value.state
+                and isinstance(value.slot, int) and not isinstance(value.slot, bool) and value.slot >= 0
+            )
+            if not valid:
                 raise ExportError(
-                    f"buffer '{fqn}' is state '{other[0]}' in method '{other[1]}' but state '{identity}' in method "
+                    f"method '{name}': state of buffer '{fqn}' must be a state identity or an etsdk.StateSlot(state, "
+                    f"slot >= 0), found {value!r}"
+                )
+            key = (source.identities[fqn], source.slots[fqn])
+            shown = key[0] if not key[1] else f"{key[0]} of slot {key[1]}"
+            other = seen.setdefault(fqn, (shown, name))
+            if other[0] != shown:
+                raise ExportError(
+                    f"buffer '{fqn}' is state '{other[0]}' in method '{other[1]}' but state '{shown}' in method "
                     f"'{name}'; a buffer holds one state"
+                )
+            twin = held.setdefault(key, fqn)
+            if twin != fqn:
+                raise ExportError(
+                    f"method '{name}': buffers '{twin}' and '{fqn}' both hold state '{shown}'; one state of one "
+                    "session is one buffer"
                 )
 
 
@@ -387,7 +421,7 @@ def _check_state_declarations(method: str, source: MethodSource, exported: Any, 
             f"method '{method}' declares state but no contract was given; state is described by a contract"
         )
     buffers = dict(exported.named_buffers())
-    for fqn, identity in source.state.items():
+    for fqn, identity in source.identities.items():
         if fqn not in buffers:
             raise ExportError(
                 f"method '{method}': state '{identity}' names buffer '{fqn}', which the module does not have "
@@ -409,12 +443,24 @@ def _check_state_declarations(method: str, source: MethodSource, exported: Any, 
             )
     method_spec = contract.method(method) if contract is not None else None
     if method_spec is not None:
+        slots = int(method_spec.slots)
+        beyond = sorted(f"'{fqn}' (slot {slot})" for fqn, slot in source.slots.items() if slot >= slots)
+        if beyond:
+            raise ExportError(
+                f"method '{method}': buffer(s) {', '.join(beyond)} name a slot the method lacks: contract "
+                f"'{contract.name}' runs it over {slots} session(s) (slots 0 to {slots - 1})"
+            )
         used = set(method_spec.states_read) | set(method_spec.states_written)
-        unmapped = sorted(used - set(source.state.values()))
+        mapped = set(zip(source.identities.values(), source.slots.values()))
+        unmapped = sorted(
+            state if slots == 1 else f"{state} of slot {slot}"
+            for state in used for slot in range(slots) if (state, slot) not in mapped
+        )
         if unmapped:
+            example = "{fqn: identity}" if slots == 1 else "{fqn: etsdk.StateSlot(identity, slot)}"
             raise ExportError(
                 f"method '{method}' uses state(s) {', '.join(unmapped)} per contract '{contract.name}' but maps no "
-                "buffer to them (MethodSource(state={fqn: identity}))"
+                f"buffer to them (MethodSource(state={example}))"
             )
 
 

@@ -22,6 +22,12 @@ def etsdk_register_contracts() -> list[ContractSpec]:
             description="prefill / decode over per-layer caller-owned key/value caches, logits last",
         ),
         ContractSpec(
+            name="kv_decoder",
+            version=2,
+            path=CONTRACTS_DIR / "kv_decoder" / "2.json",
+            description="kv_decoder v1 and an optional decode_batch: one decode step over B sessions in one call",
+        ),
+        ContractSpec(
             name="hf_static",
             version=1,
             path=CONTRACTS_DIR / "hf_static" / "1.json",

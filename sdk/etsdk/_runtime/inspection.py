@@ -212,6 +212,7 @@ def _contract_lines(contract: Any) -> list[str]:
     lines = [f"  contract: {contract.name} v{contract.version}; {len(contract.states)} state(s)"]
     if contract.dims:
         lines.append(f"    sizes: {', '.join(f'{k}={v}' for k, v in contract.dims.items())}")
+    lines += [f"    method {m.name}: over {m.slots} sessions, one per slot" for m in contract.methods if m.slots != 1]
     states = contract.states
     items = [(st.name, (st.dtype, tuple(st.shape), st.role, st.initial, st.device, st.ownership)) for st in states]
     for run in _folded(items):

@@ -44,7 +44,7 @@ from typing import Any
 from etsdk._format.program_file import DataLayout, FormatError, ProgramLayout, read_data_file, read_program_file
 from etsdk._runtime.bridge import ensure_registered, loading_method, pop_delegate_error, runtime_backend_names
 from etsdk._state.contract import Contract, ContractError, IOSpec
-from etsdk._state.session import Session, StateError
+from etsdk._state.session import Session, StateError, sessions_active
 from etsdk._state.signature import PROGRAM_RECORD_KEY, ProgramRecord, find_program_record_key
 from etsdk.errors import BackendNotFoundError, EtsdkError, IntegrityError, ProgramError
 
@@ -122,33 +122,68 @@ class Method:
         self._native = native
         self.info = program.method_info(name)
 
-        self._stateful = program.contract is not None and bool(program.contract.states)
+        contract = program.contract
+        self._stateful = contract is not None and bool(contract.states)
+        #: how many sessions one call binds (its contract method's ``slots``; 1 for an ordinary method)
+        self.slots = next((int(m.slots) for m in contract.methods if m.name == name), 1) if contract is not None else 1
         self._checks = tuple(program._input_checks(name, self.info))
 
-    def __call__(self, *inputs: Any, session: Session | None = None) -> list[Any]:
-        return self.execute(inputs, session=session)
+    def __call__(self, *inputs: Any, session: Session | None = None, sessions: Sequence[Session] | None = None) -> list[Any]:
+        return self.execute(inputs, session=session, sessions=sessions)
 
-    def execute(self, inputs: Sequence[Any], *, session: Session | None = None) -> list[Any]:
+    def execute(
+        self, inputs: Sequence[Any], *, session: Session | None = None, sessions: Sequence[Session] | None = None
+    ) -> list[Any]:
         """Run with ``inputs``; a stateful program binds ``session`` (default: the program's own).
 
-        Inputs are checked against the method before anything runs: their
-        count, each one's kind, dtype and shape, and the value bounds the
-        contract declares (positions inside the cache, token ids inside the
-        vocabulary); a non-contiguous tensor is passed as a contiguous copy.
+        A method over several sessions (:attr:`slots` > 1) binds ``sessions`` instead: one distinct session of
+        this program per slot, in slot order, and no default. Inputs and sessions are checked against the method
+        before anything runs: the inputs' count, each one's kind, dtype and shape, and the value bounds the
+        contract declares (positions inside the cache, token ids inside the vocabulary); a non-contiguous tensor
+        is passed as a contiguous copy.
         """
         inputs = self._checked(inputs)
         if self._stateful:
-            if session is None:
-                session = self._program.default_session
-            session.check_owner(self._program)
-            with self._program._lock, session.active():
+            bound = self._sessions(session, sessions)
+            with self._program._lock, sessions_active(bound) if len(bound) > 1 else bound[0].active():
                 self._program._check_files()
                 return self._execute(inputs)
-        if session is not None:
+        if session is not None or sessions is not None:
             raise StateError(f"method '{self.name}' declares no state; it takes no session")
         with self._program._lock:
             self._program._check_files()
             return self._execute(inputs)
+
+    def _sessions(self, session: Session | None, sessions: Sequence[Session] | None) -> tuple[Session, ...]:
+        """The call's sessions by slot, each checked to belong to this program, none given twice."""
+        if sessions is None:
+            if self.slots > 1:
+                raise StateError(
+                    f"method '{self.name}' runs over {self.slots} sessions: pass sessions=(...) with one session "
+                    "per slot, in slot order"
+                )
+            bound: tuple[Session, ...] = (self._program.default_session if session is None else session,)
+        else:
+            if session is not None:
+                raise StateError(f"method '{self.name}': pass session= or sessions=, not both")
+            if isinstance(sessions, Session) or not isinstance(sessions, Sequence):
+                raise StateError(f"method '{self.name}': sessions= takes a sequence of sessions, found {type(sessions).__name__}")
+            bound = tuple(sessions)
+            if len(bound) != self.slots:
+                raise StateError(
+                    f"method '{self.name}' runs over {self.slots} session(s), one per slot; {len(bound)} given"
+                )
+        for index, given in enumerate(bound):
+            if not isinstance(given, Session):
+                raise StateError(f"method '{self.name}': session {index} is {type(given).__name__}, not an etsdk Session")
+            given.check_owner(self._program)
+            first = next(i for i, other in enumerate(bound) if other is given)
+            if first != index:
+                raise StateError(
+                    f"method '{self.name}': one session is given for slots {first} and {index}; each slot updates "
+                    "its own session's state, so each needs its own (session.fork() makes one)"
+                )
+        return bound
 
     def _checked(self, inputs: Sequence[Any]) -> Sequence[Any]:
         import torch
@@ -344,15 +379,18 @@ class Program:
     def __getitem__(self, method: str) -> Method:
         return self.load_method(method)
 
-    def run(self, method: str, *inputs: Any, session: Session | None = None) -> list[Any]:
+    def run(
+        self, method: str, *inputs: Any, session: Session | None = None, sessions: Sequence[Session] | None = None
+    ) -> list[Any]:
         """Run ``method`` on ``inputs`` (loading it on first use); returns its outputs as a list of tensors.
 
         Inputs are checked before anything runs (:meth:`Method.execute`). A stateful method binds ``session``
-        (default: :attr:`default_session`); pass it on every call to keep conversations apart. Calls into one
+        (default: :attr:`default_session`); pass it on every call to keep conversations apart. A method over
+        several sessions (its contract method's ``slots``) binds ``sessions``, one per slot. Calls into one
         program are serialised by its lock (methods share planned memory): load one program per thread to run
         in parallel.
         """
-        return self.load_method(method).execute(inputs, session=session)
+        return self.load_method(method).execute(inputs, session=session, sessions=sessions)
 
     def __repr__(self) -> str:
         return f"Program({str(self.path)!r}, methods={list(self.methods)})"

@@ -51,8 +51,13 @@ FORMAT_MAJOR = 1
 FORMAT_MINOR = 0
 #: Features a contract record may require that this core implements.
 KNOWN_CONTRACT_FEATURES = frozenset(
-    {"state.caller_owned", "alias.kv_cache_update", "alias.user"}
+    {"state.caller_owned", "alias.kv_cache_update", "alias.user", "method.slots", "method.optional"}
 )
+#: The feature a contract must require to declare a method over several sessions (``"slots"``), and one that
+#: declares a method a program may leave out (``"optional"``): a reader without it refuses the contract instead of
+#: binding one session where the method reads several, or calling a program incomplete.
+SLOTS_FEATURE = "method.slots"
+OPTIONAL_FEATURE = "method.optional"
 DTYPES = frozenset({"float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool"})
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.{}]*$")
 #: where state storage may live: the CPU or a CUDA device
@@ -151,9 +156,19 @@ class IOSpec:
 
 @dataclass(frozen=True, slots=True)
 class MethodSpec:
+    """One method: its inputs and outputs in engine order.
+
+    ``slots``: how many sessions one call binds (a dim name in a specification). Every state-bound input and
+    aliased output is bound once per slot, slot ``j`` to the ``j``-th session of
+    ``Program.run(..., sessions=...)``; 1 (the default) is an ordinary method over one session. ``optional``: a
+    program may leave the method out (a record lists only the methods its program has).
+    """
+
     name: str
     inputs: tuple[IOSpec, ...]
     outputs: tuple[IOSpec, ...]
+    slots: Dim = 1
+    optional: bool = False
 
     @property
     def engine_inputs(self) -> tuple[IOSpec, ...]:
@@ -233,7 +248,8 @@ class Contract:
         io = [i for m in self.methods for i in (*m.inputs, *m.outputs)]
         shapes = [s.shape for s in self.states] + [i.shape for i in io]
         sized = {d for shape in shapes for d in shape if isinstance(d, str)}
-        return frozenset(sized | {i.bound for i in io if isinstance(i.bound, str)})
+        slots = {m.slots for m in self.methods if isinstance(m.slots, str)}
+        return frozenset(sized | slots | {i.bound for i in io if isinstance(i.bound, str)})
 
     @property
     def is_bound(self) -> bool:
@@ -258,9 +274,13 @@ class Contract:
             if fixed is not None and fixed != value:
                 raise ContractError(f"dim '{key}' is fixed to {fixed} by the contract, found {value}")
             dims[key] = value
-        unbound = [k for k, v in dims.items() if v is None]
-        if unbound:
-            raise ContractError(f"contract '{self.name}': dims {', '.join(unbound)} need sizes to bind")
+        unbound = {k for k, v in dims.items() if v is None}
+        # an optional method sized by a dim left unbound is left out of the record (a program without it)
+        methods = [m for m in self.methods if not (m.optional and _dims_of(m) & unbound)]
+        needed = sorted(k for k in unbound if any(k in _dims_of(m) for m in methods) or k in _state_dims(self.states))
+        if needed:
+            raise ContractError(f"contract '{self.name}': dims {', '.join(needed)} need sizes to bind")
+        dims = {k: v for k, v in dims.items() if v is not None}
 
         def size(d: Dim, where: str) -> int:
             if isinstance(d, int):
@@ -302,12 +322,14 @@ class Contract:
                     m.name,
                     tuple(expand(m.inputs, f"methods.{m.name}.inputs")),
                     tuple(expand(m.outputs, f"methods.{m.name}.outputs")),
+                    size(m.slots, f"methods.{m.name}.slots"),
+                    m.optional,
                 )
-                for m in self.methods
+                for m in methods
             ),
             states=tuple(expand(self.states, "states")),
             dims=dims,
-            required_features=self.required_features,
+            required_features=_features_for(self.required_features, methods),
             metadata=dict(self.metadata),
         )
         record.validate()
@@ -325,6 +347,8 @@ class Contract:
         if len({m.name for m in self.methods}) != len(self.methods):
             raise ContractError("methods: duplicate method names")
         for m in self.methods:
+            if not isinstance(m.slots, int) or isinstance(m.slots, bool) or m.slots < 1:
+                raise ContractError(f"methods.{m.name}.slots: expected a positive integer, found {m.slots!r}")
             names = [i.name for i in m.inputs] + [o.name for o in m.outputs]
             dup = sorted({n for n in names if names.count(n) > 1})
             if dup:
@@ -366,7 +390,10 @@ class Contract:
             raise ContractError(f"record of {self.name} v{self.version} leaves dim(s) {', '.join(unbound)} unbound")
         sizes = {k: v for k, v in self.dims.items() if k in spec.dims and spec.dims[k] is None and v is not None}
         expected = spec.bind(**sizes)
+        present = {m.name for m in self.methods}
         for want in expected.methods:
+            if want.optional and want.name not in present:
+                continue
             try:
                 got = self.method(want.name)
             except ContractError:
@@ -374,6 +401,11 @@ class Contract:
                     f"program lacks method '{want.name}' required by contract {spec.name} v{spec.version} "
                     f"(program methods: {', '.join(m.name for m in self.methods)})"
                 ) from None
+            if (got.slots, got.optional) != (want.slots, want.optional):
+                raise ContractError(
+                    f"method '{want.name}': contract {spec.name} v{spec.version} declares {_describe_method(want)}, "
+                    f"record has {_describe_method(got)}"
+                )
             for side in ("inputs", "outputs"):
                 w_items, g_items = getattr(want, side), getattr(got, side)
                 if len(w_items) != len(g_items):
@@ -402,6 +434,18 @@ class Contract:
             # where the storage lives is chosen when a program is exported for a device, not by the contract
             if replace(got_state, device=want_state.device) != want_state:
                 raise ContractError(f"state '{want_state.name}': expected {want_state}, found {got_state}")
+
+    def for_methods(self, names: Iterable[str]) -> Contract:
+        """This record without the optional methods a program leaves out (``names``: the methods it has), which is
+        what the program embeds; raises :class:`etsdk.ContractError` naming a required method that is missing."""
+        have = set(names)
+        missing = [m.name for m in self.methods if m.name not in have and not m.optional]
+        if missing:
+            raise ContractError(f"contract '{self.name}' needs method(s) {', '.join(missing)} that were not given")
+        kept = tuple(m for m in self.methods if m.name in have)
+        if len(kept) == len(self.methods):
+            return self
+        return replace(self, methods=kept, required_features=_features_for(self.required_features, kept))
 
     def check_engine_io(
         self,
@@ -447,10 +491,7 @@ class Contract:
             "dims": dict(self.dims),
             "metadata": dict(self.metadata),
             "states": [_state_json(s) for s in self.states],
-            "methods": {
-                m.name: {"inputs": [_io_json(i) for i in m.inputs], "outputs": [_io_json(o) for o in m.outputs]}
-                for m in self.methods
-            },
+            "methods": {m.name: _method_json(m) for m in self.methods},
         }
 
     def to_bytes(self) -> bytes:
@@ -498,14 +539,7 @@ class Contract:
         methods_raw = p.obj(o.get("methods"), "methods")
         if not methods_raw:
             raise ContractError(f"{where}.methods: a contract needs at least one method")
-        methods = tuple(
-            MethodSpec(
-                name,
-                tuple(p.io(x, f"methods.{name}.inputs[{i}]", output=False) for i, x in enumerate(p.sequence(p.obj(m, f"methods.{name}").get("inputs"), f"methods.{name}.inputs"))),
-                tuple(p.io(x, f"methods.{name}.outputs[{i}]", output=True) for i, x in enumerate(p.sequence(p.obj(m, f"methods.{name}").get("outputs"), f"methods.{name}.outputs"))),
-            )
-            for name, m in methods_raw.items()
-        )
+        methods = tuple(p.method(name, m, features) for name, m in methods_raw.items())
         states = tuple(p.state(s, f"states[{i}]") for i, s in enumerate(p.sequence(o.get("states", []), "states")))
         contract = cls(
             name=p.string(o.get("name"), "name"),
@@ -530,6 +564,26 @@ class Contract:
         return contract
 
 
+def _dims_of(method: MethodSpec) -> set[str]:
+    """The dim names ``method`` uses: in its shapes, bounds, repeats and slots."""
+    found = {method.slots} if isinstance(method.slots, str) else set()
+    for io in (*method.inputs, *method.outputs):
+        found.update(d for d in (*io.shape, io.bound, io.repeat) if isinstance(d, str))
+    return found
+
+
+def _state_dims(states: Sequence[StateSpec]) -> set[str]:
+    return {d for s in states for d in (*s.shape, s.repeat) if isinstance(d, str)}
+
+
+def _features_for(features: Sequence[str], methods: Sequence[MethodSpec]) -> tuple[str, ...]:
+    """``features`` without ``method.slots`` / ``method.optional`` when none of ``methods`` uses them: a record
+    that leaves its optional methods out is the record an older reader knows."""
+    unused = {SLOTS_FEATURE} if all(m.slots == 1 for m in methods) else set()
+    unused |= {OPTIONAL_FEATURE} if not any(m.optional for m in methods) else set()
+    return tuple(f for f in features if f not in unused)
+
+
 def _check_state_side(states: Mapping[str, StateSpec], item: IOSpec, where: str, name: str) -> StateSpec:
     state = states.get(name)
     if state is None:
@@ -539,6 +593,10 @@ def _check_state_side(states: Mapping[str, StateSpec], item: IOSpec, where: str,
             f"{where}: state '{name}' is {state.dtype} {list(state.shape)}, the method binds {item.dtype} {list(item.shape)}"
         )
     return state
+
+
+def _describe_method(m: MethodSpec) -> str:
+    return f"{'an optional' if m.optional else 'a required'} method over {m.slots} session(s)"
 
 
 def _describe(io: IOSpec) -> str:
@@ -564,6 +622,15 @@ def _state_json(s: StateSpec) -> dict[str, Any]:
         out["layer"] = s.layer
     if s.repeat is not None:
         out["repeat"] = s.repeat
+    return out
+
+
+def _method_json(m: MethodSpec) -> dict[str, Any]:
+    out: dict[str, Any] = {"inputs": [_io_json(i) for i in m.inputs], "outputs": [_io_json(o) for o in m.outputs]}
+    if m.slots != 1:
+        out["slots"] = m.slots
+    if m.optional:
+        out["optional"] = True
     return out
 
 
@@ -686,6 +753,25 @@ class _Parser:
 
     def optional_int(self, value: Any, path: str) -> int | None:
         return None if value is None else self.integer(value, path)
+
+    def method(self, name: str, value: Any, features: Sequence[str]) -> MethodSpec:
+        path = f"methods.{name}"
+        o = self.obj(value, path)
+        sides = [
+            tuple(self.io(x, f"{path}.{side}[{i}]", output=side == "outputs") for i, x in enumerate(self.sequence(o.get(side), f"{path}.{side}")))
+            for side in ("inputs", "outputs")
+        ]
+        slots = self.dim(o.get("slots", 1), f"{path}.slots")
+        optional = o.get("optional", False)
+        if not isinstance(optional, bool):
+            raise self._fail(f"{path}.optional", "true or false", optional)
+        for used, feature, key in ((slots != 1, SLOTS_FEATURE, "slots"), (optional, OPTIONAL_FEATURE, "optional")):
+            if used and feature not in features:
+                raise ContractError(
+                    f"{self.where}.{path}.{key}: a contract declaring '{key}' must require feature {feature} "
+                    f"(required_features: {', '.join(features) or 'none'})"
+                )
+        return MethodSpec(self.name(name, path), sides[0], sides[1], slots, optional)
 
     def io(self, value: Any, path: str, *, output: bool) -> IOSpec:
         o = self.obj(value, path)

@@ -24,6 +24,12 @@ host calling from another thread passes the session explicitly to
 ``Program.run(..., session=...)``, which makes it current there. A session is
 used by one thread at a time.
 
+A method over several sessions (a contract method's ``slots``: one decode step
+for several conversations) runs with ``Program.run(..., sessions=(s0, s1, ...))``:
+slot ``j``'s state bindings receive ``sessions[j]``'s storage
+(:func:`current_sessions`), so each conversation's caches stay its own and no
+state is copied in or out.
+
 All state is caller-owned: a contract that declares runtime-owned state (storage
 a backend would keep below the delegate) is refused when it is read.
 """
@@ -45,7 +51,7 @@ if TYPE_CHECKING:
     from etsdk._format.fingerprint import ModelFingerprint
     from etsdk._state.snapshot import Snapshot
 
-__all__ = ["Session", "StateError", "StateView", "current_session"]
+__all__ = ["Session", "StateError", "StateView", "current_session", "current_sessions", "sessions_active"]
 
 
 class StateView(Mapping[str, "torch.Tensor"]):
@@ -231,12 +237,30 @@ class Session:
             yield self
 
 
-def current_session() -> Session:
-    """The session the calling thread is executing a method for (runtime bindings call this)."""
-    session: Session | None = SESSION.get()
-    if session is None:
+@contextmanager
+def sessions_active(sessions: tuple[Session, ...]) -> Iterator[None]:
+    """Make ``sessions`` (slot order) current on this thread for a method over several sessions."""
+    with SESSION.bound(sessions):
+        yield
+
+
+def current_sessions() -> tuple[Session, ...]:
+    """The sessions the calling thread is executing a method for, by slot (one for an ordinary method)."""
+    found: Session | tuple[Session, ...] | None = SESSION.get()
+    if found is None:
         raise StateError(
             "a delegate needs state but no session is active on this thread; run the method through "
             "Program.run(..., session=...) (a session is thread-local: pass it explicitly from other threads)"
         )
-    return session
+    return found if isinstance(found, tuple) else (found,)
+
+
+def current_session() -> Session:
+    """The session the calling thread is executing a method for (runtime bindings call this); refused in a
+    method over several sessions, whose bindings read theirs by slot (:func:`current_sessions`)."""
+    sessions = current_sessions()
+    if len(sessions) != 1:
+        raise StateError(
+            f"the method runs over {len(sessions)} sessions; a state binding reads its own by slot (current_sessions())"
+        )
+    return sessions[0]

@@ -103,6 +103,21 @@ class StateBinding:
     #: The state's shape (as the contract record fixes it).
     shape: tuple[int, ...]
     written: bool
+    #: Which of the call's sessions holds the storage: slot ``j`` binds the ``j``-th of
+    #: ``Program.run(..., sessions=...)`` (0 for a method over one session; a contract method's ``slots``).
+    slot: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StateSlot:
+    """A state identity in one slot of a method over several sessions: ``MethodSource(state={"k0_s1":
+    StateSlot("k0", 1)})`` binds buffer ``k0_s1`` to state ``k0`` of the call's second session (a plain identity
+    string means slot 0)."""
+
+    #: The state identity in the contract (``k0``).
+    state: str
+    #: Which of the call's sessions (0-based, below the contract method's ``slots``).
+    slot: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,8 +169,11 @@ class DelegateSignature:
         return {s.fqn: s for s in self.states}
 
     @classmethod
-    def from_edge_program(cls, edge_program: Any, state: Mapping[str, str]) -> DelegateSignature:
-        """The signature of a partition's ExportedProgram; ``state``: buffer FQN -> state identity."""
+    def from_edge_program(
+        cls, edge_program: Any, state: Mapping[str, str], slots: Mapping[str, int] | None = None
+    ) -> DelegateSignature:
+        """The signature of a partition's ExportedProgram; ``state``: buffer FQN -> state identity, ``slots``:
+        buffer FQN -> slot for those bound to a session other than the call's first."""
         from torch.export.graph_signature import InputKind, OutputKind
 
         signature = edge_program.graph_signature
@@ -172,7 +190,10 @@ class DelegateSignature:
             elif spec.kind == InputKind.BUFFER and spec.target in state:
                 arg = _arg(node)
                 bound.append(
-                    StateBinding(node.name, spec.target, state[spec.target], arg.dtype, arg.shape, spec.target in mutated)
+                    StateBinding(
+                        node.name, spec.target, state[spec.target], arg.dtype, arg.shape, spec.target in mutated,
+                        (slots or {}).get(spec.target, 0),
+                    )
                 )
         output_node = next(n for n in edge_program.graph.nodes if n.op == "output")
         outputs = [
@@ -219,6 +240,7 @@ class DelegateSignature:
                     "dtype": s.dtype,
                     "shape": list(s.shape),
                     "written": s.written,
+                    **({"slot": s.slot} if s.slot else {}),
                 }
                 for s in self.states
             ],
@@ -241,6 +263,7 @@ class DelegateSignature:
                         _str(s["dtype"]),
                         _shape(s["shape"]),
                         _bool(s["written"]),
+                        _count(s.get("slot", 0)),
                     )
                     for s in obj["states"]
                 ),

@@ -122,6 +122,29 @@ class Kit:
         eager.reset_caches()
         return exported, eager
 
+    def batched(self, slots: int) -> Exported:
+        """The toy decoder over kv_decoder v2: prefill and decode on the reference backend, ``decode_batch`` (a
+        decode step over ``slots`` sessions) on the backend under test."""
+        import torch
+
+        from etsdk.testing.toy_decoder import BatchedToyDecoder, ToyDecoder, kv_decoder_contract
+
+        model = ToyDecoder(seed=5).eval()
+        state = model.state_fqns()
+
+        def build() -> dict[str, Any]:
+            out = {}
+            for method, rows in (("prefill", PREFILL), ("decode", 1)):
+                example = (torch.zeros(1, rows, dtype=torch.long), torch.arange(rows))
+                out[method] = etsdk.MethodSource(model, example, (REFERENCE,), state=state)
+            batch = BatchedToyDecoder(model, slots)
+            backends = self.with_companion((self.backend_id,))
+            example = (torch.zeros(slots, 1, dtype=torch.long), torch.zeros(slots, dtype=torch.long))
+            out["decode_batch"] = etsdk.MethodSource(batch, example, backends, self._options(backends, None), state=batch.state_slots())
+            return out
+
+        return self.export(f"batched-{slots}", build, contract=kv_decoder_contract(model, PREFILL, slots=slots))
+
     def pair(self) -> tuple[Exported, Any]:
         """A cache update beside two same-shaped user outputs (contract etsdk_kit_pair v1)."""
         import torch

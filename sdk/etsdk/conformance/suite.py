@@ -39,6 +39,7 @@ __all__ = [
     "test_exports_and_runs_like_eager",
     "test_filled_attention_like_eager",
     "test_fresh_load_starts_from_initial_state",
+    "test_method_over_several_sessions",
     "test_mutated_payloads_never_crash",
     "test_persistence_check",
     "test_quantized_weights_like_eager",
@@ -347,6 +348,35 @@ def test_state_shared_across_methods_and_backends(kit: Kit) -> None:
         outs = _toy_steps(program, program.new_session())
         for step, (got, want) in enumerate(zip(outs, _eager_steps(eager))):
             _close(got, want, f"one cache shared across methods and backends (prefill {prefill}, decode {decode}, step {step})")
+
+
+def test_method_over_several_sessions(kit: Kit) -> None:
+    """a method over several sessions: slot j's state is the j-th session's, updated in place"""
+    _stateful(kit)
+    behaviour = "a method over several sessions"
+    if kit.backend_id == REFERENCE:
+        pytest.skip("the backend under test is the reference backend itself (tests/integration/test_slots.py)")
+    program = etsdk.load(kit.batched(2).path)
+    _claims(kit, program, "decode_batch", behaviour)
+    sessions = [program.new_session(), program.new_session()]
+    for session, prompt in zip(sessions, ([[2, 7, 1, 8]], [[5, 0, 3, 3]])):
+        program.run("prefill", torch.tensor(prompt), torch.arange(PREFILL), session=session)
+    program.run("decode", torch.tensor([[4]]), torch.tensor([PREFILL]), session=sessions[1])  # lengths differ
+    alone = [session.fork() for session in sessions]
+    pointers = [{name: t.data_ptr() for name, t in s.state.items()} for s in sessions]
+    tokens, positions = torch.tensor([[6], [9]]), torch.tensor([PREFILL, PREFILL + 1])
+    for step in range(2):
+        rows = program.run("decode_batch", tokens, positions, sessions=sessions)[0]
+        for j in range(2):
+            want = program.run("decode", tokens[j : j + 1], positions[j : j + 1], session=alone[j])[0]
+            _close(rows[j : j + 1], want, f"{behaviour} (step {step}, slot {j}: row {j} is not session {j}'s decode step)")
+            for name, tensor in sessions[j].state.items():
+                assert tensor.data_ptr() == pointers[j][name], f"{behaviour}: session {j}'s '{name}' was replaced"
+                try:
+                    torch.testing.assert_close(tensor, alone[j].state[name], atol=ATOL, rtol=RTOL)
+                except AssertionError as exc:
+                    raise AssertionError(f"{behaviour}: slot {j} left session {j}'s '{name}' unlike its own decode: {exc}") from None
+        tokens, positions = tokens.flip(0), positions + 1
 
 
 def test_persistence_check(kit: Kit) -> None:

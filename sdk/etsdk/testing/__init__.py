@@ -4,7 +4,8 @@
   run in a subprocess that discovers them through real entry points.
 * :class:`ToyDecoder` / :func:`kv_decoder_methods`: a small attention decoder
   with per-layer KV caches that follows the core's ``kv_decoder`` v1 contract,
-  for testing stateful backends against eager PyTorch.
+  for testing stateful backends against eager PyTorch; :class:`BatchedToyDecoder`
+  its decode step over several sessions in one call (``kv_decoder`` v2).
 * :func:`capture_delegates` / :func:`transform_payloads` /
   :func:`with_required_feature`: see and change what an export hands to backends.
 * :func:`memory_cgroup`: run a command under a memory limit (needs root).
@@ -17,6 +18,7 @@ from etsdk.testing.memory import resident_bytes
 from etsdk.testing.plugins import PluginSite
 
 __all__ = [
+    "BatchedToyDecoder",
     "CapturedDelegate",
     "MemoryCgroup",
     "NamedDataStub",
@@ -58,7 +60,7 @@ class NamedDataStub:
 
 
 def __getattr__(name: str):  # torch-dependent helpers load lazily
-    if name in {"ToyDecoder", "kv_decoder_methods", "kv_decoder_contract"}:
+    if name in {"BatchedToyDecoder", "ToyDecoder", "kv_decoder_methods", "kv_decoder_contract"}:
         from etsdk.testing import toy_decoder
 
         return getattr(toy_decoder, name)

@@ -1,9 +1,11 @@
-"""A toy attention decoder following the ``kv_decoder`` v1 contract.
+"""A toy attention decoder following the ``kv_decoder`` contract (v1; v2 adds a decode step over several sessions).
 
 Each layer writes its keys and values for ``positions`` into its caches in
 place (``index_copy_``), then attends over every cache row at or before each
 query's position. Small, deterministic, and enough to show whether state is
 bound, updated in place, shared across methods and isolated across sessions.
+:class:`BatchedToyDecoder` is the same model's decode step for B sessions at
+once (``kv_decoder`` v2's ``decode_batch``): one set of caches per slot.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch
 
 from etsdk._export.lower import MethodSource
 from etsdk._state.contract import Contract
+from etsdk._state.signature import StateSlot
 
 
 class ToyDecoder(torch.nn.Module):
@@ -74,14 +77,61 @@ class ToyDecoder(torch.nn.Module):
             buffer.zero_()
 
 
-def kv_decoder_contract(model: ToyDecoder, prefill_length: int, vocab: int | None = None) -> Contract:
-    """The core's ``kv_decoder`` v1 specification bound to ``model``'s sizes, prefill of ``prefill_length`` tokens.
+class BatchedToyDecoder(torch.nn.Module):
+    """``model``'s decode step for ``slots`` sessions in one call (``kv_decoder`` v2's ``decode_batch``).
+
+    Shares ``model``'s weights (every projection runs once over the B rows) and holds one set of caches per
+    slot (``k_cache_{i}_s{j}``): row ``j`` writes and attends over slot ``j``'s caches only, so with the
+    sessions bound by slot each row computes what ``model``'s decode computes on that session alone.
+    """
+
+    def __init__(self, model: ToyDecoder, slots: int) -> None:
+        super().__init__()
+        self.model, self.slots = model, slots
+        for j in range(slots):
+            for i in range(model.layers):
+                for kind in ("k", "v"):
+                    self.register_buffer(f"{kind}_cache_{i}_s{j}", torch.zeros(1, model.heads, model.capacity, model.head_dim))
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Logits ``[B, 1, vocab]`` for ``tokens`` ``[B, 1]`` at ``positions`` ``[B]`` (row j: slot j)."""
+        m = self.model
+        x = m.embed(tokens)  # [B, 1, W]
+        visible = torch.arange(m.capacity).unsqueeze(0) <= positions.unsqueeze(1)  # [B, S]
+        bias = torch.where(visible, 0.0, -1e9)
+        for i in range(m.layers):
+            q, k, v, o = m.proj[i](x).chunk(4, dim=-1)
+            rows = []
+            for j in range(self.slots):
+                k_cache = getattr(self, f"k_cache_{i}_s{j}")
+                v_cache = getattr(self, f"v_cache_{i}_s{j}")
+                shape = (1, 1, m.heads, m.head_dim)
+                qj, kj, vj = (t[j : j + 1].reshape(shape).transpose(1, 2) for t in (q, k, v))
+                k_cache.index_copy_(2, positions[j : j + 1], kj)
+                v_cache.index_copy_(2, positions[j : j + 1], vj)
+                scores = qj @ k_cache.transpose(-1, -2) / math.sqrt(m.head_dim) + bias[j]
+                rows.append((scores.softmax(-1) @ v_cache).transpose(1, 2).reshape(1, 1, -1))
+            x = x + torch.cat(rows) * torch.sigmoid(o)
+        return m.head(x)
+
+    def state_slots(self) -> dict[str, StateSlot]:
+        """Buffer FQN -> (state identity, slot) of the kv_decoder contract."""
+        return {
+            f"{kind}_cache_{i}_s{j}": StateSlot(f"{kind}{i}", j)
+            for j in range(self.slots) for i in range(self.model.layers) for kind in ("k", "v")
+        }
+
+
+def kv_decoder_contract(model: ToyDecoder, prefill_length: int, vocab: int | None = None, *, slots: int | None = None) -> Contract:
+    """The core's ``kv_decoder`` specification bound to ``model``'s sizes, prefill of ``prefill_length`` tokens:
+    v1, or with ``slots`` v2 (``decode_batch`` over that many sessions).
 
     ``vocab`` overrides the vocabulary size V (the bound on token ids) when a test needs a different one.
     """
     from etsdk._plugins.core_plugin import CONTRACTS_DIR
 
-    spec = Contract.from_bytes((CONTRACTS_DIR / "kv_decoder" / "1.json").read_bytes())
+    version = 1 if slots is None else 2
+    spec = Contract.from_bytes((CONTRACTS_DIR / "kv_decoder" / f"{version}.json").read_bytes())
     return spec.bind(
         T=prefill_length,
         S=model.capacity,
@@ -89,6 +139,7 @@ def kv_decoder_contract(model: ToyDecoder, prefill_length: int, vocab: int | Non
         D=model.head_dim,
         V=vocab if vocab is not None else model.head.out_features,
         L=model.layers,
+        **({} if slots is None else {"B": slots}),
     )
 
 

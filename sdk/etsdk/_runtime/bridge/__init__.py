@@ -40,7 +40,7 @@ from typing import Any, Protocol
 
 from etsdk._channels import DELEGATE_ERROR, LOADING
 from etsdk._format.envelope import unwrap_blob
-from etsdk._state.session import current_session
+from etsdk._state.session import current_sessions
 from etsdk._state.signature import DelegateSignature, ProgramRecord, StateBinding
 from etsdk.errors import BridgeRegistryError, DelegateError, EtsdkError, ProgramError
 
@@ -255,6 +255,14 @@ def _signature_from_record(backend_id: str, method: str, uid: str, payload: memo
             f"{where}: the delegate does not match its program record entry (binding order or delegates differ): "
             f"record lists {expected.backend} uid {expected.signature.uid}, the program holds {backend_id} uid {uid}"
         )
+    contract = context.record.contract
+    slots = next((int(m.slots) for m in contract.methods if m.name == method), 1) if contract is not None else 1
+    beyond = [b for b in expected.signature.states if b.slot >= slots]
+    if beyond:
+        raise ProgramError(
+            f"{where}: binds state '{beyond[0].state}' of slot {beyond[0].slot}, but the contract runs method "
+            f"'{method}' over {slots} session(s)"
+        )
     digest = hashlib.sha256(payload).hexdigest()
     if digest != expected.signature.payload_sha256:
         raise ProgramError(
@@ -369,27 +377,31 @@ class _Stateless:
 
 
 class _StatePush(_Stateless):
-    """Pushes the calling session's storage for the delegate's state bindings into ``execute``.
+    """Pushes the calling sessions' storage for the delegate's state bindings into ``execute``: binding ``i``
+    receives state ``states[i].state`` of session ``states[i].slot`` (slot 0: the call's one session).
 
-    The tuple is resolved once per session and kept with a weak reference to
-    that session (never the session itself: a loaded program must not keep its
+    The tuple is resolved once per set of sessions and kept with weak references
+    to them (never the sessions themselves: a loaded program must not keep its
     sessions alive). No reference cycle either: the native bridge frees this
-    object when the method is destroyed.
+    object when the method is destroyed. The slots were checked against the
+    method's session count at load, and the count against the call's sessions
+    before it ran.
     """
 
-    __slots__ = ("names", "session", "state")
+    __slots__ = ("keys", "sessions", "state")
 
     def __init__(self, handle: Any, states: tuple[StateBinding, ...]) -> None:
         super().__init__(handle)
-        self.names = tuple(s.state for s in states)
-        self.session: Any = None
+        self.keys = tuple((s.state, s.slot) for s in states)
+        self.sessions: tuple[Any, ...] = ()
         self.state: tuple[Any, ...] = ()
 
     def execute(self, args: tuple[Any, ...]) -> None:
-        session = current_session()
-        if self.session is None or self.session() is not session:
-            self.state = tuple(session.tensor(name) for name in self.names)
-            self.session = weakref.ref(session)
+        sessions = current_sessions()
+        known = self.sessions
+        if len(known) != len(sessions) or any(ref() is not session for ref, session in zip(known, sessions)):
+            self.state = tuple(sessions[slot].tensor(name) for name, slot in self.keys)
+            self.sessions = tuple(weakref.ref(session) for session in sessions)
         self.inner(args, self.state)
 
 
