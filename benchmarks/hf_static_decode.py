@@ -75,7 +75,13 @@ one, i.e. what a decode step that advances K sessions with one read of the weigh
 (``etsdk_rows_steps_over_call``: > 1, the one call is cheaper). A prefill call also pays its T - K padded rows'
 elementwise work, so this understates the saving.
 
-``--smoke``: a 1-layer model (hidden 64, vocab 256), T=4, S=16, 4 decode steps, one round (``--rows 1,2``), without the XNNPACK
+``--decode-batch B``: the program also gets ``decode_batch`` over B conversations; each round, one such call (B
+conversations after the prompt, each on its own session) against their B decode steps in turn
+(``etsdk_batch_call_ms``, ``etsdk_batch_steps_ms``, ``etsdk_batch_steps_over_call``: what ``etsdk serve`` gains
+when B requests decode at once).
+
+``--smoke``: a 1-layer model (hidden 64, vocab 256), T=4, S=16, 4 decode steps, one round (``--rows 1,2``,
+``--decode-batch 2``), without the XNNPACK
 peer (its strict two-method export alone takes over a minute on 2 cores even at this size; its keys are
 ``null``, as with ``--no-xnnpack``): the same etsdk export, paths, runs and JSON keys; the figures are too noisy
 to compare.
@@ -101,6 +107,7 @@ from etsdk_hf_static.exporting.exporter import export
 from etsdk_hf_static.exporting.module import StaticCausalLM
 from etsdk_hf_static.exporting.tiny import tiny_model
 from etsdk_hf_static.masks import causal_mask
+from etsdk_hf_static.runtime.conversation import run_decode_batch
 from etsdk_hf_static.runtime.runner import HfStaticRunner, Step
 
 SHAPES = ("default", "smollm2-135m")
@@ -316,6 +323,8 @@ def main() -> None:
         help="compile the etsdk programs' AOTInductor code for this CPU target (x86-64-v3: AVX2, with ETSDK_AOTI_ISA=avx2 "
         "the whole program runs at the AVX2 level); default: this host",
     )
+    parser.add_argument("--decode-batch", type=int, default=0, metavar="B",
+                        help="also export decode_batch over B conversations and time one call against B decode steps")
     parser.add_argument("--rows", default=None, metavar="K,...",
                         help="also time one prefill call over K rows against K decode steps, for each K (<= T)")
     parser.add_argument("--workdir", default=None, help="keep the exported programs here and reuse them for the same "
@@ -338,6 +347,10 @@ def main() -> None:
         parser.error(f"--rows takes row counts separated by commas, found {args.rows!r}")
     if rows and not 1 <= rows[0] <= rows[-1] <= args.prefill:
         parser.error(f"--rows: every K must be 1..T ({args.prefill}), found {args.rows}")
+    if args.smoke and not args.decode_batch:
+        args.decode_batch = 2
+    if args.decode_batch and args.decode_batch < 2:
+        parser.error(f"--decode-batch must be 2 or more (or 0: none), found {args.decode_batch}")
     if rows and 2 * args.prefill > args.context:  # the prompt's T rows, then a prefill call's T rows after them
         parser.error(f"--rows needs two prefill calls' rows in the context: 2 x T ({args.prefill}) > S ({args.context})")
     T, S = args.prefill, args.context
@@ -378,7 +391,7 @@ def main() -> None:
         tmp.mkdir(parents=True, exist_ok=True)
         pte = tmp / "model.pte"
         # a workdir's programs are reused only for the same model and sizes (else they are exported again)
-        stamp = json.dumps({k: getattr(args, k) for k in ("model", "shape", "hidden", "layers", "vocab", "prefill", "context", "quantize", "gguf", "weights_dtype", "cpu_target")})
+        stamp = json.dumps({k: getattr(args, k) for k in ("model", "shape", "hidden", "layers", "vocab", "prefill", "context", "quantize", "gguf", "weights_dtype", "cpu_target", "decode_batch")})
         reuse = bool(args.workdir) and (tmp / "programs.json").is_file() and (tmp / "programs.json").read_text() == stamp
         if not reuse:
             for stale in ("model.pte", "float.pte", "xnnpack.pte", "model.gguf"):
@@ -399,7 +412,7 @@ def main() -> None:
             source: Any = str(gguf_path) if args.gguf else copy.deepcopy(model) if plan is not None else model  # quantized in place
             source = narrowed if narrow else source
             export(source, pte, backend="aoti", prefill_length=T, context_length=S, quantization=None if args.gguf else plan,
-                   partitioner_options=aoti_options, quiet=True)
+                   partitioner_options=aoti_options, decode_batch=args.decode_batch or None, quiet=True)
         runner = HfStaticRunner.from_file(pte)
         float_runner = None
         if plan is not None or narrow:
@@ -541,8 +554,24 @@ def main() -> None:
                 conversation.rewind(len(conversation.tokens) - kept)
                 by_rows[k].append((call * 1e3, steps * 1e3))
 
+        by_batch: list[tuple[float, float]] = []
+
+        def run_batch() -> None:
+            """One decode_batch call for B conversations (each after the prompt) vs their B decode steps in turn; both
+            write the same row of each conversation (a step names its position), so nothing needs rewinding."""
+            first = runner.new_conversation()
+            first.generate(prompt, max_new_tokens=1, stop_at_eos=False)
+            conversations = [first, *(first.fork() for _ in range(args.decode_batch - 1))]
+            steps = [Step("decode", c.position, (c.pending[0],), 1) for c in conversations]
+            call = _time(lambda: run_decode_batch(conversations, steps, []))
+            singles = _time(lambda: [c.run_step(step) for c, step in zip(conversations, steps)])
+            by_batch.append((call * 1e3, singles * 1e3))
+
         for fn in peers.values():  # warm-up
             fn(2)
+        if args.decode_batch:  # warm-up
+            run_batch()
+            by_batch.clear()
         if rows:  # warm-up: its figures are dropped
             run_rows()
             for figures in by_rows.values():
@@ -561,6 +590,8 @@ def main() -> None:
             splits.append(breakdown())
             if rows:
                 run_rows()
+            if args.decode_batch:
+                run_batch()
             loads.append(os.getloadavg()[0])
             line = ", ".join(f"{n} {quiet[n][-1][1]:.1f}" + (f"/{contended[n][-1][1]:.1f}" if args.contended else "") for n in peers)
             print(f"round {r} (tokens/s{', quiet/contended' if args.contended else ''}): {line}", file=sys.stderr)
@@ -613,6 +644,11 @@ def main() -> None:
     out["etsdk_rows_call_ms"] = {str(k): call for k, (call, _) in medians.items()} if rows else None
     out["etsdk_rows_steps_ms"] = {str(k): steps for k, (_, steps) in medians.items()} if rows else None
     out["etsdk_rows_steps_over_call"] = {str(k): steps / call for k, (call, steps) in medians.items()} if rows else None
+    out["decode_batch"] = args.decode_batch or None
+    batch_call = statistics.median(c for c, _ in by_batch) if by_batch else None
+    batch_steps = statistics.median(d for _, d in by_batch) if by_batch else None
+    out["etsdk_batch_call_ms"], out["etsdk_batch_steps_ms"] = batch_call, batch_steps
+    out["etsdk_batch_steps_over_call"] = batch_steps / batch_call if batch_call and batch_steps else None
     out["tail_tokens"] = args.tail
     for name in ("etsdk", "llama_cpp"):  # the rounds' tails: not the warm-up's (the first), nor the traffic runs'
         runs = tails[name][1 : 1 + args.rounds] if args.tail else []

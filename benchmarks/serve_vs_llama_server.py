@@ -43,7 +43,8 @@ Completion tokens: etsdk's ``usage`` (``stream_options.include_usage``); llama-c
 so its reply text is re-tokenized (exact with this tokenizer).
 
 Concurrency: ``etsdk serve --slots`` = ``--clients``: each slot its own caches, requests interleaved step by step
-in one engine thread (no batched decode). llama-cpp-python's server (this is llama-cpp-python's FastAPI server, not
+in one engine thread; the program has ``decode_batch`` over ``--decode-batch`` conversations (default ``--clients``;
+0: none), so the requests decoding at once take their decode steps together in one call. llama-cpp-python's server (this is llama-cpp-python's FastAPI server, not
 llama.cpp's native ``llama-server``) has ONE ``Llama`` context behind a lock: no slots, no continuous batching, no
 ``--parallel``. Concurrent requests queue and run one after another (started with ``--interrupt_requests False``;
 its default, True, makes a new request cut off the one streaming). So its per-client first-token times include
@@ -173,7 +174,8 @@ def prepare(args: argparse.Namespace, workdir: Path) -> tuple[Path, Path, Any, i
     pte, gguf_path = workdir / "model.pte", workdir / "model.gguf"
     stamp_path = workdir / "serve_files.json"
     stamp = json.dumps({"layout": LAYOUT, "smoke": args.smoke, "vocab": args.vocab, "prefill": args.prefill,
-                        "context": args.context, "quantization": args.quantization, "gguf_type": args.gguf_type})
+                        "context": args.context, "quantization": args.quantization, "gguf_type": args.gguf_type,
+                        "decode_batch": args.decode_batch})
     tokens = vocabulary(args.vocab)
     tokenizer = hf_tokenizer(tokens)
     reuse = stamp_path.is_file() and stamp_path.read_text() == stamp and pte.is_file() and gguf_path.is_file()
@@ -196,9 +198,11 @@ def prepare(args: argparse.Namespace, workdir: Path) -> tuple[Path, Path, Any, i
         write_llama_gguf(model, gguf_path, types=dict.fromkeys(GGUF_TYPES, args.gguf_type), tokens=list(tokens),
                          characters=True)  # before export: quantization changes the model in place
     print(f"wrote {gguf_path} ({gguf_path.stat().st_size / 1e6:.1f} MB, {time.perf_counter() - started:.0f} s); "
-          f"exporting {pte} (T={args.prefill}, S={args.context}, {args.quantization})...", file=sys.stderr, flush=True)
+          f"exporting {pte} (T={args.prefill}, S={args.context}, {args.quantization}, decode_batch "
+          f"{args.decode_batch or 'none'})...", file=sys.stderr, flush=True)
     started = time.perf_counter()
     export(model, pte, backend="aoti", prefill_length=args.prefill, context_length=args.context,
+           decode_batch=args.decode_batch or None,
            quantization=QuantizationPlan.for_format(args.quantization),
            partitioner_options={"EtsdkAotiBackend": {"device": "cpu"}}, quiet=True)
     tokenizer.save_pretrained(tokenizer_dir(pte))
@@ -497,6 +501,8 @@ def main() -> None:
     parser.add_argument("--turn-tokens", type=int, default=16, help="characters (= tokens) of each user message")
     parser.add_argument("--turn-reply", type=int, default=16, help="tokens of each reply in the conversation")
     parser.add_argument("--prefill", type=int, default=64, help="T: the etsdk program's prefill rows per call")
+    parser.add_argument("--decode-batch", type=int, default=None, help="B: the etsdk program's decode_batch "
+                        "(concurrent requests' decode steps in one call; default --clients, 0: none)")
     parser.add_argument("--context", type=int, default=1024, help="S: the etsdk program's cache rows and llama.cpp's n_ctx")
     parser.add_argument("--quantization", default="int8:g64:a8", help="the etsdk program's weight format (default int8:g64:a8: what --quantize int8 means)")
     parser.add_argument("--gguf-type", default="Q8_0", help="the GGUF file's matrices' type (default Q8_0)")
@@ -515,6 +521,10 @@ def main() -> None:
         args.vocab, args.prefill, args.context, args.rounds = 256, 8, 128, 1
         args.prompt_tokens, args.new, args.turns, args.turn_tokens, args.turn_reply = 16, 4, 3, 4, 4
         args.request_timeout, args.start_timeout, args.stop_timeout = 60.0, 180.0, 30.0
+    if args.decode_batch is None:
+        args.decode_batch = args.clients if args.clients > 1 else 0
+    if args.decode_batch == 1 or args.decode_batch < 0:
+        parser.error("--decode-batch must be 0 (no decode_batch) or at least 2")
     for name in ("rounds", "threads", "clients", "prompt_tokens", "turns", "turn_tokens", "prefill"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -584,7 +594,7 @@ def main() -> None:
         "model": "smoke (2 layers, hidden 64)" if args.smoke else "SmolLM2-135M shape, random weights",
         "parameters": params, "vocab": args.vocab, "prefill_length": args.prefill, "context_length": args.context,
         "etsdk_quantization": args.quantization, "llama_cpp_gguf_type": args.gguf_type, "rounds": args.rounds,
-        "clients": args.clients, "etsdk_slots": args.clients, "prompt_tokens": args.prompt_tokens, "new_tokens": args.new,
+        "clients": args.clients, "etsdk_slots": args.clients, "etsdk_decode_batch": args.decode_batch, "prompt_tokens": args.prompt_tokens, "new_tokens": args.new,
         "turns": args.turns, "turn_tokens": args.turn_tokens, "turn_reply_tokens": args.turn_reply,
         "threads": args.threads, "loadavg_1min_per_round": [round(x, 2) for x in loads],
     }

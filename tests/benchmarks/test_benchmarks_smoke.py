@@ -24,7 +24,7 @@ EXPECTED_KEYS: dict[str, set[str]] = {
         "etsdk_turn_ttft_ms", "etsdk_turn_cached_fraction", "llama_cpp_ttft_ms", "llama_cpp_decode_tokens_per_s",
         "llama_cpp_concurrent_aggregate_tokens_per_s", "llama_cpp_turn_ttft_ms", "etsdk_vs_llama_cpp_decode_tokens_per_s",
         "etsdk_vs_llama_cpp_ttft_ms", "etsdk_vs_llama_cpp_turn_ttft_ms", "prompt_ids_identical", "llama_cpp_parallel",
-        "cpu", "kernel_level", "threads", "errors", "etsdk_exit_codes",
+        "cpu", "kernel_level", "threads", "errors", "etsdk_exit_codes", "etsdk_decode_batch",
     },
     "bridge_overhead": {
         "us_per_call_bridge",
@@ -106,6 +106,10 @@ EXPECTED_KEYS: dict[str, set[str]] = {
         "etsdk_rows_call_ms",
         "etsdk_rows_steps_ms",
         "etsdk_rows_steps_over_call",
+        "decode_batch",  # --smoke times --decode-batch 2
+        "etsdk_batch_call_ms",
+        "etsdk_batch_steps_ms",
+        "etsdk_batch_steps_over_call",
         "etsdk_runner_us_per_step",
         "etsdk_program_run_us_per_step",
         "etsdk_vs_eager_decode",
@@ -225,6 +229,7 @@ def test_benchmark_smoke(name: str, flags: list[str], tmp_path: Path) -> None:
     assert not missing, f"missing keys {sorted(missing)}\n{report}"
     if name == "hf_static_decode":  # --smoke times --rows 1,2: each K has its figures
         assert last["rows"] == [1, 2] and set(last["etsdk_rows_steps_over_call"] or {}) == {"1", "2"}, report
+        assert last["decode_batch"] == 2 and last["etsdk_batch_call_ms"] > 0 and last["etsdk_batch_steps_over_call"] > 0, report
     for entry in last["shapes"] if name == "hf_static_export_memory" and "--shape" in flags else []:  # each shape's figures
         missing = (EXPECTED_KEYS[name] | {"shape", "parameters", "generated", "rss_target_bytes"}) - set(entry)
         assert not missing, f"missing keys {sorted(missing)} in a shape's figures\n{report}"

@@ -103,9 +103,10 @@ CHAT_S = 128
 
 @pytest.fixture(scope="session")
 def chat_pte(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The model directory's Llama through the reference backend, with its tokenizer (and chat template) beside it."""
+    """The model directory's Llama through the reference backend, with its tokenizer (and chat template) beside it,
+    and decode_batch over 4 conversations (the server runs concurrent requests' decode steps together)."""
     path = tmp_path_factory.mktemp("chat") / "chat.pte"
-    export(model_dir, path, backend="reference", prefill_length=T, context_length=CHAT_S, quiet=True)
+    export(model_dir, path, backend="reference", prefill_length=T, context_length=CHAT_S, decode_batch=4, quiet=True)
     return path
 
 

@@ -88,3 +88,14 @@ def test_an_export_request_with_an_option_of_the_wrong_type_is_refused(options: 
         export_request(request)
     assert str(caught.value) == expected
     assert not (tmp_path / "out.pte").exists()
+
+
+@pytest.mark.parametrize("b", [1, 0, -3, True, "4"])
+def test_a_decode_batch_of_fewer_than_two_conversations_is_refused(b: object, tmp_path: Path) -> None:
+    from etsdk_hf_static.exporting.exporter import export_request
+
+    request = etsdk.ExportRequest(model=tmp_path / "no-model", output=tmp_path / "out.pte", backend="reference",
+                                  sizes={"B": b})
+    with pytest.raises(ExportError, match="an integer of 2 or more, found"):
+        export_request(request)
+    assert not (tmp_path / "out.pte").exists()

@@ -61,6 +61,11 @@ def configure_export(export: argparse.ArgumentParser) -> None:
         help="cache rows: prompt and replies of a conversation together "
         "(default: the model's max_position_embeddings, at most 2048)",
     )
+    export.add_argument(
+        "--decode-batch", type=int, default=None, metavar="B",
+        help="also export decode_batch: one decode step for B conversations in one call, every weight read once "
+        "for all of them (etsdk serve runs concurrent requests' steps together with it)",
+    )
     export.add_argument("--external-data", action="store_true", help="weights in a .ptd beside the .pte")
     export.add_argument(
         "--attention", choices=("auto", "filled", "full"), default="auto",
@@ -191,7 +196,7 @@ def run_export(args: argparse.Namespace) -> int:
         raise EtsdkError(f"the runner for contract '{args.contract}' cannot export models")
     method_backends = {m: b for m, b in (("prefill", args.prefill_backend), ("decode", args.decode_backend)) if b}
     quantization = _quantization(args)
-    sizes = {k: v for k, v in (("T", args.prefill_length), ("S", args.context_length)) if v is not None}
+    sizes = {k: v for k, v in (("T", args.prefill_length), ("S", args.context_length), ("B", args.decode_batch)) if v is not None}
     request = ExportRequest(
         model=args.model,
         output=output,

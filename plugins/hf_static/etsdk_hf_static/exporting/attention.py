@@ -12,6 +12,11 @@ Int8 caches (hf_static v3): the cache returns each layer's rows dequantized (wha
 reads) and :func:`remember_int8` notes which int8 rows and scales they came from; the filled attention then
 calls ``etsdk::attention`` on those int8 operands, so it reads a quarter of the bytes and the dequantized copy
 is never computed.
+
+A batch of conversations (:class:`~etsdk_hf_static.exporting.batched.BatchedDecodeLM`): each row of the batch has
+its own cache (one session's storage per slot), and :func:`remember_slots` notes them behind a stand-in the cache
+returns; the filled attention then calls ``etsdk::attention`` once per slot, so each reads its own filled rows and
+no stacked copy of the caches is made.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ __all__ = [
     "int8_operands",
     "lacking_filled_attention",
     "remember_int8",
+    "remember_slots",
+    "slot_operands",
     "unsupported_attention",
     "wanted",
 ]
@@ -54,14 +61,45 @@ def remember_int8(dequantized: torch.Tensor, rows: torch.Tensor, scale: torch.Te
 
 
 def forget_int8() -> None:
-    """Drop what :func:`remember_int8` noted (a wrapper's forward starts with it)."""
+    """Drop what :func:`remember_int8` and :func:`remember_slots` noted (a wrapper's forward starts with it)."""
     _int8.found = {}
+    _int8.slots = {}
 
 
 def int8_operands(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The int8 rows and scales ``tensor`` was dequantized from in this forward, or None."""
     entry = getattr(_int8, "found", {}).get(id(tensor))
     return (entry[1], entry[2]) if entry is not None and entry[0] is tensor else None
+
+
+def remember_slots(
+    stand_in: torch.Tensor, caches: Sequence[torch.Tensor], scales: Sequence[torch.Tensor] | None = None
+) -> torch.Tensor:
+    """Note that ``stand_in`` stands for one cache per slot: row ``s`` of the batch attends over ``caches[s]`` (int8
+    rows with ``scales[s]``, or float rows for None) until :func:`forget_int8`; returns ``stand_in``."""
+    if not hasattr(_int8, "slots"):
+        _int8.slots = {}
+    _int8.slots[id(stand_in)] = (stand_in, tuple(caches), None if scales is None else tuple(scales))
+    return stand_in
+
+
+def slot_operands(tensor: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...] | None] | None:
+    """The per-slot caches (and their scales, or None) ``tensor`` stands for in this forward, or None."""
+    entry = getattr(_int8, "slots", {}).get(id(tensor))
+    return (entry[1], entry[2]) if entry is not None and entry[0] is tensor else None
+
+
+def _per_slot(
+    query: torch.Tensor, keys: tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...] | None],
+    values: tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...] | None], mask: torch.Tensor, scale: float,
+) -> torch.Tensor:
+    """One ``etsdk::attention`` per slot (row ``s`` of ``query`` and ``mask`` over slot ``s``'s caches), concatenated."""
+    out = []
+    for s, (key, value) in enumerate(zip(keys[0], values[0])):
+        scales = () if keys[1] is None or values[1] is None else (keys[1][s], values[1][s])
+        rows = mask if mask.shape[0] == 1 else mask[s : s + 1]
+        out.append(torch.ops.etsdk.attention(query[s : s + 1], key, value, rows, scale, *scales))
+    return torch.cat(out, dim=0)
 
 
 def unsupported_attention(model: Any) -> str | None:
@@ -85,7 +123,10 @@ def _forward(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.T
     given = kwargs.get("scaling")
     scale = float(given) if given is not None else float(query.shape[-1] ** -0.5)
     keys, values = int8_operands(key), int8_operands(value)
-    if keys is not None and values is not None:  # an int8 cache: attend over its rows, not the dequantized copy
+    key_slots, value_slots = slot_operands(key), slot_operands(value)
+    if key_slots is not None and value_slots is not None:  # a batch of conversations: each row over its own cache
+        out = _per_slot(query, key_slots, value_slots, attention_mask, scale)
+    elif keys is not None and values is not None:  # an int8 cache: attend over its rows, not the dequantized copy
         out = torch.ops.etsdk.attention(query, keys[0], values[0], attention_mask, scale, keys[1], values[1])
     else:
         out = torch.ops.etsdk.attention(query, key, value, attention_mask, scale)

@@ -35,6 +35,7 @@ from etsdk import (
 )
 
 from etsdk_hf_static.exporting.attention import filled_attention, lacking_filled_attention, wanted
+from etsdk_hf_static.exporting.batched import BatchedDecodeLM
 from etsdk_hf_static.exporting.module import (
     StaticCausalLM,
     WindowedCausalLM,
@@ -211,16 +212,21 @@ def metadata_for(
     )
 
 
-def _contract(meta: HfStaticMetadata) -> Contract:
+def _contract(meta: HfStaticMetadata, decode_batch: int | None = None) -> Contract:
+    """The record: the specification bound to ``meta``'s sizes (and B with ``decode_batch``: the record then has the
+    optional ``decode_batch`` method, else not) with the metadata attached."""
     spec_file = etsdk.get_contract(CONTRACT_NAME, meta.version)
     spec = Contract.from_bytes(spec_file.path.read_bytes(), where=str(spec_file.path))
-    return meta.attach(spec.bind(**meta.dims))
+    return meta.attach(spec.bind(**meta.dims, **({"B": decode_batch} if decode_batch else {})))
 
 
 def method_sources(
-    model: Any, meta: HfStaticMetadata, backends: Mapping[str, str], options: Mapping[str, Mapping[str, Any]] | None = None
+    model: Any, meta: HfStaticMetadata, backends: Mapping[str, str], options: Mapping[str, Mapping[str, Any]] | None = None,
+    decode_batch: int | None = None,
 ) -> dict[str, MethodSource]:
-    """The two method sources over one static-cache wrapper of ``model``."""
+    """The two method sources over one static-cache wrapper of ``model``; with ``decode_batch`` B a third,
+    ``decode_batch`` (:class:`~etsdk_hf_static.exporting.batched.BatchedDecodeLM`: decode for B sessions in one call,
+    on decode's backend)."""
     import torch
 
     wrapper: torch.nn.Module
@@ -247,6 +253,17 @@ def method_sources(
         backend = backends[name]
         backend_options = {backend: dict(options[backend])} if options and backend in options else {}
         sources[name] = MethodSource(wrapper, example, (backend,), backend_options, strict=True, state=state)
+    if decode_batch:
+        batched = BatchedDecodeLM(
+            model, meta.context_length, decode_batch, ring_rows=meta.ring_rows, kinds=meta.layer_kinds or None,
+            cache_dtype=meta.cache_dtype,
+        ).eval()
+        one = sources["decode"]
+        batch_rows = tuple(t.repeat(decode_batch, *([1] * (t.dim() - 1))) for t in one.example_inputs)
+        sources["decode_batch"] = MethodSource(
+            batched, batch_rows, one.backends, one.partitioner_options,
+            strict=True, state=batched.state_slots(),
+        )
     return sources
 
 
@@ -269,6 +286,7 @@ def export(
     meta_trace: bool = False,
     cpu_target: str | None = None,
     full_logits: bool = False,
+    decode_batch: int | None = None,
     quiet: bool = False,
 ) -> list[Path]:
     """Export ``model`` (a transformers model directory or a ``*ForCausalLM`` object) to ``output``.
@@ -309,6 +327,9 @@ def export(
     ``full_logits``: prefill returns every row's logits (to score a text: perplexity, per-token quality); by
     default it computes its last real row's only, the one generation reads, and leaves the other rows zero (the
     vocabulary projection is skipped for the rest: a fifth of SmolLM2-135M's prefill multiplies).
+    ``decode_batch`` B (2 or more): the program also gets ``decode_batch``, one decode step for B conversations in
+    one call (each its own session's caches; every weight read once for the B rows), on decode's backend; what
+    ``etsdk serve`` uses when several requests are decoding. ``etsdk export --decode-batch 4``.
     Returns the paths written.
     """
     started = time.perf_counter()
@@ -327,6 +348,11 @@ def export(
             )
     if weights_dtype not in WEIGHTS_DTYPES:
         raise ExportError(f"weights_dtype must be one of {', '.join(WEIGHTS_DTYPES)}, found {weights_dtype!r}")
+    if decode_batch is not None and (isinstance(decode_batch, bool) or not isinstance(decode_batch, int) or decode_batch < 2):
+        raise ExportError(
+            f"decode_batch (--decode-batch, size B) is how many conversations one decode_batch call advances: an integer of 2 or more, "
+            f"found {decode_batch!r}"
+        )
     if meta_trace:
         _check_meta_trace(model, quantization)
     partitioner_options, target = _with_cpu_target(cpu_target, chosen, partitioner_options)
@@ -337,7 +363,7 @@ def export(
         spill = owned.enter_context(etsdk.WeightSpill()) if converts and directory is not None else None
         written, cpu_code = _export_loaded(
             loaded, directory, gguf_tokenizer, output, chosen, attention, kv_cache, weights_dtype, quantization, spill,
-            prefill_length, context_length, partitioner_options, external_data, full_logits, quiet,
+            prefill_length, context_length, partitioner_options, external_data, full_logits, decode_batch, quiet,
         )
     size = sum(p.stat().st_size for p in written if p.suffix in (".pte", ".ptd"))
     _say(f"done in {time.perf_counter() - started:.1f}s ({size / 2**20:.1f} MiB): {', '.join(str(p) for p in written)}", quiet)
@@ -412,6 +438,7 @@ def _export_loaded(
     partitioner_options: Mapping[str, Mapping[str, Any]] | None,
     external_data: bool,
     full_logits: bool,
+    decode_batch: int | None,
     quiet: bool,
 ) -> tuple[list[Path], bool]:
     """:func:`export` once the model is loaded: quantize, trace, lower and write; the paths written, and whether
@@ -438,12 +465,13 @@ def _export_loaded(
         f"T={meta.prefill_length}, S={meta.context_length}{f' ({why})' if why else ''}; "
         f"prefill -> {chosen['prefill']}, decode -> {chosen['decode']}; attention over "
         f"{'the filled rows' if filled else 'every row'}{'; int8 caches (hf_static v3)' if meta.version == 3 else ''}"
-        f"; prefill logits of {'every row' if meta.full_logits else 'the last real row'}",
+        f"; prefill logits of {'every row' if meta.full_logits else 'the last real row'}"
+        f"{f'; decode_batch over {decode_batch} conversations' if decode_batch else ''}",
         quiet,
     )
     _plan(loaded, output, quiet)
     with torch.no_grad(), filled_attention(loaded, filled):
-        sources = method_sources(loaded, meta, chosen, options)
+        sources = method_sources(loaded, meta, chosen, options, decode_batch)
         weights = None
         if directory is not None and any(t.device.type == "meta" for t in loaded.parameters()):  # meta_trace
             from etsdk_hf_static.exporting.meta_build import checkpoint_tensors, weight_values
@@ -451,12 +479,12 @@ def _export_loaded(
             weights = weight_values(loaded, checkpoint_tensors(directory), WRAPPED, spill)
         try:
             lowered = etsdk.lower(
-                sources, contract=_contract(meta), external_data=output.stem if external_data else None,
+                sources, contract=_contract(meta, decode_batch), external_data=output.stem if external_data else None,
                 weights=weights, quiet=quiet,
             )
         finally:  # the model's linear layers lose the traced padding hooks (a model object is the caller's)
             for source in sources.values():
-                if source.module.padding is not None:
+                if getattr(source.module, "padding", None) is not None:
                     source.module.padding.close()
     written = lowered.save(output)
     if directory is not None:
@@ -616,9 +644,12 @@ def export_request(request: ExportRequest) -> list[Path]:
     attention, kv_cache = option("attention", "auto"), option("kv_cache", "float32")
     weights_dtype, cpu_target = option("weights_dtype", "auto"), option("cpu_target", "") or None
     meta_trace, full_logits = option("meta_trace", False), option("full_logits", False)
-    unknown_sizes = sorted(set(request.sizes) - {"T", "S"})
+    unknown_sizes = sorted(set(request.sizes) - {"T", "S", "B"})
     if unknown_sizes:
-        raise ExportError(f"hf_static takes sizes T (prefill length) and S (context length), not {', '.join(unknown_sizes)}")
+        raise ExportError(
+            f"hf_static takes sizes T (prefill length), S (context length) and B (conversations per decode_batch call), "
+            f"not {', '.join(unknown_sizes)}"
+        )
     return export(
         request.model,
         request.output,
@@ -638,4 +669,5 @@ def export_request(request: ExportRequest) -> list[Path]:
         meta_trace=meta_trace,
         full_logits=full_logits,
         cpu_target=cpu_target,
+        decode_batch=request.sizes.get("B"),
     )

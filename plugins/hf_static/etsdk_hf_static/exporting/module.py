@@ -44,6 +44,7 @@ __all__ = [
     "WindowedCausalLM",
     "keeps_chosen_logits",
     "layer_kinds",
+    "layer_masks",
     "state_fqns",
     "unsupported_layer",
 ]
@@ -288,6 +289,16 @@ def _position_cache(config: Any, context_length: int, targets: list[_Target]) ->
     return cache
 
 
+def layer_masks(wrapper: Any, attention_mask: torch.Tensor, window_mask: torch.Tensor | None) -> Any:
+    """The ``attention_mask`` argument a wrapper with sliding-window layers hands the model: one mask per layer type
+    for a model with per-layer types, else the one its every layer reads. ``wrapper``: its ``by_type``,
+    ``all_window`` and ``has_window``."""
+    if wrapper.by_type:  # models with per-layer types take one mask per type
+        # (a window no shorter than S is full attention: hf_static v3 without ring caches)
+        return {"full_attention": attention_mask, "sliding_attention": window_mask if wrapper.has_window else attention_mask}
+    return window_mask if wrapper.all_window else attention_mask  # every layer the same kind (Mistral's window)
+
+
 class WindowedCausalLM(torch.nn.Module):
     """``model`` with sliding-window layers over full caches of S rows and ring caches of R rows (hf_static v2).
 
@@ -348,14 +359,8 @@ class WindowedCausalLM(torch.nn.Module):
         last = _last_row(attention_mask) if self.padding is not None or not self.full_logits else None
         if self.padding is not None:
             self.padding.set(attention_mask.shape[2], last)
-        mask: Any
-        if self.by_type:  # models with per-layer types take one mask per type
-            # (a window no shorter than S is full attention: hf_static v3 without ring caches)
-            mask = {"full_attention": attention_mask, "sliding_attention": window_mask if self.has_window else attention_mask}
-        else:  # every layer is the same kind (Mistral's sliding window)
-            mask = window_mask if self.all_window else attention_mask
         logits = _logits(
-            self.model, self.full_logits, last, input_ids=input_ids, attention_mask=mask, position_ids=positions.unsqueeze(0),
+            self.model, self.full_logits, last, input_ids=input_ids, attention_mask=layer_masks(self, attention_mask, window_mask), position_ids=positions.unsqueeze(0),
             past_key_values=self.cache, use_cache=True,
         )
         forget_int8()  # the dequantized caches of this step are not kept alive until the next one

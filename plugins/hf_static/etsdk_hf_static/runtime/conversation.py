@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 
     from etsdk_hf_static.runtime.model import LoadedModel
 
-__all__ = ["Conversation", "Generation", "common_prefix"]
+__all__ = ["Conversation", "Generation", "common_prefix", "run_decode_batch"]
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -135,6 +135,19 @@ class Conversation:
         A step must lie inside the cache (rows ``start .. start + rows - 1`` within ``0 .. S-1``) and carry
         1 .. rows token ids of the vocabulary; anything else is a :class:`GenerationError`, before it runs.
         """
+        outputs = self._model.methods[step.method].execute(self._filled(step), session=self.session)
+        self._ran(step)
+        return outputs[-1][0, len(step.tokens) - 1]
+
+    def _filled(self, step: Step) -> tuple[torch.Tensor, ...]:
+        """``step`` checked (:meth:`run_step`'s rules), the counters written, and its engine inputs filled."""
+        inputs = self._checked(step)
+        for counter in self._counters:
+            counter.fill_(step.start)
+        return inputs.fill(step)
+
+    def _checked(self, step: Step) -> MethodInputs:
+        """The inputs of ``step``'s method, once ``step`` follows :meth:`run_step`'s rules (nothing is written)."""
         meta = self._model.metadata
         inputs = self._inputs.get(step.method)
         if inputs is None:
@@ -151,12 +164,12 @@ class Conversation:
                 f"(it covers {inputs.rows} row(s); S is {meta.context_length})"
             )
         check_tokens(step.tokens, meta.vocab_size, what=f"{step.method} step")
-        for counter in self._counters:
-            counter.fill_(step.start)
-        outputs = self._model.methods[step.method].execute(inputs.fill(step), session=self.session)
-        self._written_end = step.start + inputs.rows if step.start == 0 else max(self._written_end, step.start + inputs.rows)
+        return inputs
+
+    def _ran(self, step: Step) -> None:
+        """Keep what ``step`` (run) wrote."""
+        self._written_end = step.start + step.rows if step.start == 0 else max(self._written_end, step.start + step.rows)
         self._wrote(step.start, step.tokens)
-        return outputs[-1][0, count - 1]
 
     def _wrote(self, start: int, tokens: tuple[int, ...]) -> None:
         """Keep the history: rows ``start ..`` now hold ``tokens``; what follows them stays pending if consistent."""
@@ -381,6 +394,46 @@ class Conversation:
             )
 
 
+def run_decode_batch(conversations: Sequence[Conversation], steps: Sequence[Step], spares: Sequence[Conversation]) -> list[torch.Tensor]:
+    """One ``decode_batch`` call for several conversations of one model: row ``j`` is ``steps[j]`` (a decode step)
+    on ``conversations[j]``'s session, each bound to its own slot; returns each one's logits, as :meth:`Conversation.
+    run_step` would (within float rounding: the rows are multiplied together).
+
+    The program's ``decode_batch`` runs over B sessions: rows beyond ``len(conversations)`` are filled by ``spares``
+    (conversations of the same model whose caches take a throwaway row at position 0; they keep no history of it).
+    Refused before anything runs (:class:`GenerationError`): a program without the method, more conversations than
+    B, too few spares, conversations of another model or given twice, a step that is not a decode step.
+    """
+    if not conversations:
+        raise GenerationError("run_decode_batch needs at least one conversation")
+    model = conversations[0]._model
+    method, slots = model.methods.get("decode_batch"), model.decode_batch
+    if method is None or slots is None:
+        raise GenerationError(
+            f"{model.program.path.name} has no decode_batch method; export it with decode_batch (etsdk export --decode-batch 4)"
+        )
+    padding = slots - len(conversations)
+    if len(steps) != len(conversations) or padding < 0 or len(spares) < padding:
+        raise GenerationError(
+            f"decode_batch advances {slots} conversations: {len(conversations)} given with {len(steps)} step(s) and "
+            f"{len(spares)} spare(s)"
+        )
+    bound = [*conversations, *spares[:padding]]
+    if any(c._model is not model for c in bound) or len({id(c) for c in bound}) != len(bound):
+        raise GenerationError("decode_batch takes distinct conversations of one loaded model")
+    if any(step.method != "decode" for step in steps):
+        raise GenerationError(f"decode_batch runs decode steps, found {', '.join(sorted({s.method for s in steps}))}")
+    rows = [*steps, *[Step("decode", 0, (0,), 1)] * padding]  # a spare's row: position 0
+    for conversation, step in zip(bound, rows):
+        conversation._checked(step)  # every step before any session's counters are written
+    parts = [conversation._filled(step) for conversation, step in zip(bound, rows)]
+    inputs = tuple(torch.cat([part[i] for part in parts]) for i in range(len(parts[0])))
+    outputs = method.execute(inputs, sessions=[c.session for c in bound])
+    for conversation, step in zip(conversations, steps):
+        conversation._ran(step)
+    return [outputs[-1][j, 0] for j in range(len(conversations))]
+
+
 class Generation:
     """One request on a conversation, advanced one step at a time: the generation loop of ``generate``, ``etsdk
     chat`` and ``etsdk serve`` alike.
@@ -461,12 +514,34 @@ class Generation:
                     return None
             else:
                 logits = conversation.run_step(Step("decode", conversation._position, (self.tokens[-1],), 1))
-            token = choose(logits, self.sampling, self._generator, conversation._tokens)
         except BaseException:
-            self._forget_unwritten()
-            self.stopped = self.stopped or "error"
-            self._ended()
+            self.failed()
             raise
+        return self.took(logits, started)
+
+    @property
+    def decode_step(self) -> Step | None:
+        """The decode step the next call is, or None while prompt chunks remain (or once stopped): a caller may
+        run it together with other conversations' (:func:`run_decode_batch`), then hand the logits to :meth:`took`."""
+        if self.stopped is not None or self._steps or not self.tokens:
+            return None
+        return Step("decode", self.conversation._position, (self.tokens[-1],), 1)
+
+    def failed(self) -> None:
+        """The call of this generation's step failed (it raised): stop here, forgetting what no step wrote."""
+        self._forget_unwritten()
+        self.stopped = self.stopped or "error"
+        self._ended()
+
+    def took(self, logits: torch.Tensor, started: float) -> int:
+        """Choose the next token from the logits of this generation's step, which began at ``started``
+        (``time.perf_counter()``); what :meth:`advance` does after its call."""
+        try:
+            token = choose(logits, self.sampling, self._generator, self.conversation._tokens)
+        except BaseException:
+            self.failed()
+            raise
+        conversation = self.conversation
         self.tokens.append(token)
         conversation._tokens.append(token)  # pending until the next step writes it
         self._check_stop(token)

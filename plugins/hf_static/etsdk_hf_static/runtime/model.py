@@ -57,7 +57,7 @@ def check_program(record: Contract | None, infos: Mapping[str, MethodInfo]) -> H
     extra = sorted(set(found_states) - set(expected_states))
     if extra:
         raise ProgramMismatchError(f"unexpected state(s) {', '.join(extra)} for {meta.layers} layers")
-    for method in ("prefill", "decode"):
+    for method in ("prefill", "decode", *(["decode_batch"] if "decode_batch" in infos else [])):
         if method not in infos:
             raise ProgramMismatchError(f"the program has no method '{method}' (methods: {', '.join(sorted(infos))})")
         for bound in (i for i in record.method(method).inputs if i.state is not None):
@@ -78,7 +78,8 @@ def check_program(record: Contract | None, infos: Mapping[str, MethodInfo]) -> H
 
 
 class LoadedModel:
-    """A checked hf_static program with its ``prefill`` and ``decode`` methods loaded, and its tokenizer (or None).
+    """A checked hf_static program with its ``prefill`` and ``decode`` methods loaded (and ``decode_batch`` when it
+    has one), and its tokenizer (or None).
 
     Shared by any number of conversations and threads: it holds no conversation state, and its text methods
     take turns on the tokenizer (a transformers fast tokenizer may change its own settings inside a call, and
@@ -92,6 +93,11 @@ class LoadedModel:
         self.program = program
         self.metadata = check_program(program.contract, {m: program.method_info(m) for m in program.methods})
         self.methods = {method: program.load_method(method) for method in ("prefill", "decode")}
+        #: how many conversations the program's ``decode_batch`` advances in one call (None: it has none)
+        self.decode_batch: int | None = None
+        if "decode_batch" in program.methods and program.contract is not None:
+            self.methods["decode_batch"] = program.load_method("decode_batch")
+            self.decode_batch = int(program.contract.method("decode_batch").slots)
         mark("methods")
         self.tokenizer = tokenizer
         self._text_lock = threading.RLock()

@@ -96,9 +96,18 @@ def run_serve(args: argparse.Namespace) -> int:
     app = create_app(runner, config)
     meta = runner.metadata
     per_slot = app.state.engine.slot_bytes
+    batch = runner.decode_batch
+    spares = max(batch - 2, 0) if batch and args.slots > 1 else 0
+    together = (
+        f"; decode steps of up to {batch} requests run together (decode_batch){f', {spares} spare slot(s)' if spares else ''}"
+        if batch and args.slots > 1 else
+        "; one decode step per request (the program has no decode_batch: export it with --decode-batch 4 to batch them)"
+        if args.slots > 1 else ""
+    )
     print(
         f"etsdk serve: {app.state.model_name}: {args.slots} slot(s) of {meta.context_length} rows, "
-        f"{_mib(per_slot)} of caches per slot ({_mib(per_slot * args.slots)} in all); queue {args.queue}",
+        f"{_mib(per_slot)} of caches per slot ({_mib(per_slot * (args.slots + spares))} in all){together}; "
+        f"queue {args.queue}",
         file=sys.stderr, flush=True,
     )
     server = uvicorn.Server(uvicorn.Config(

@@ -11,7 +11,11 @@ until a slot is free; then:
   only the rest is prefilled;
 * **interleaving**: every active request advances by one call per round (one prefill chunk or one decode step:
   :class:`~etsdk_hf_static.runtime.conversation.Generation`), so a long reply holds back another request's first
-  token by at most a step per active request.
+  token by at most a step per active request;
+* **decoding together**: when the program has ``decode_batch`` (exported with ``--decode-batch B``), the requests whose
+  next call is a decode step take it together, B at a time (:func:`~etsdk_hf_static.runtime.conversation.
+  run_decode_batch`: each its own slot's caches, every weight read once for all of them); spare conversations fill
+  the rows of a group smaller than B.
 
 Events go back to the request's own event loop thread-safely (``emit``). A cancelled job (the client left) stops
 before its next step and frees its slot. Nothing here knows HTTP.
@@ -31,7 +35,7 @@ from etsdk import EtsdkError, GenerationError, Sampling
 
 from etsdk_hf_static.apps.serve.metrics import Metrics
 from etsdk_hf_static.apps.serve.protocol import RequestError
-from etsdk_hf_static.runtime.conversation import Conversation, Generation, common_prefix
+from etsdk_hf_static.runtime.conversation import Conversation, Generation, common_prefix, run_decode_batch
 from etsdk_hf_static.runtime.model import LoadedModel
 from etsdk_hf_static.runtime.stops import visible_text
 
@@ -113,6 +117,7 @@ class Engine:
         self._log = log
         self._count = slots
         self._slots: list[_Slot] = []  # made on the engine's thread (see _run)
+        self._spares: list[Conversation] = []  # decode_batch's unused rows (see run_decode_batch)
         self._waiting: collections.deque[Job] = collections.deque()
         self._cond = threading.Condition()
         self._stopping = False
@@ -213,6 +218,8 @@ class Engine:
             # 2 cores). Nothing else of the server runs torch code off this thread.
             try:
                 self._slots = [_Slot(i, Conversation(self.model)) for i in range(self._count)]
+                if self.model.decode_batch and self._count > 1:  # a group of 2 or more; the rest of B are spares
+                    self._spares = [Conversation(self.model) for _ in range(self.model.decode_batch - 2)]
                 if self.session_dir is not None:
                     self._load_slots(self.session_dir)
             finally:
@@ -247,8 +254,11 @@ class Engine:
                 self.metrics.set("queue_depth", len(self._waiting))
             for job in starting:
                 self._guarded(job, None, self._start)
-            for slot in self._active():
-                self._guarded(slot.job, slot, self._step)
+            active = self._active()
+            together = self._decode_together(active)
+            for slot in active:
+                if slot.index not in together:
+                    self._guarded(slot.job, slot, self._step)
             self.metrics.set("slots_busy", len(self._active()))
 
     def _guarded(self, job: Job | None, slot: _Slot | None, action: Callable[..., None]) -> None:
@@ -256,14 +266,49 @@ class Engine:
         try:
             action(slot if slot is not None else job)
         except Exception as exc:
-            self._log(f"a request failed{f' on slot {slot.index}' if slot else ''}: {type(exc).__name__}: {exc}")
-            if job is not None:
-                job.emit(("error", RequestError(f"generation failed: {type(exc).__name__}: {exc}", status=500,
-                                                kind="server_error")))
-            for held in self._slots:
-                if held.job is job and job is not None:
-                    held.conversation.reset()
-                    self._release(held)
+            self._fail(job, slot, exc)
+
+    def _fail(self, job: Job | None, slot: _Slot | None, exc: Exception) -> None:
+        """``job`` failed with ``exc``: it gets a 500, its slot is reset and freed (the server keeps serving)."""
+        self._log(f"a request failed{f' on slot {slot.index}' if slot else ''}: {type(exc).__name__}: {exc}")
+        if job is not None:
+            job.emit(("error", RequestError(f"generation failed: {type(exc).__name__}: {exc}", status=500,
+                                            kind="server_error")))
+        for held in self._slots:
+            if held.job is job and job is not None:
+                held.conversation.reset()
+                self._release(held)
+
+    def _decode_together(self, active: Sequence[_Slot]) -> set[int]:
+        """Run the decode steps of ``active`` slots that are ready for one through ``decode_batch``, B at a time (a
+        lone one is left to :meth:`_step`); the indices of the slots it advanced."""
+        size = self.model.decode_batch
+        ready = [s for s in active if s.job is not None and not s.job.cancelled and s.generation is not None
+                 and s.generation.decode_step is not None]
+        if not size or len(ready) < 2:
+            return set()
+        done: set[int] = set()
+        for first in range(0, len(ready), size):
+            group = ready[first : first + size]
+            if len(group) < 2:
+                break
+            steps = [s.generation.decode_step for s in group if s.generation is not None]
+            started = time.perf_counter()
+            try:
+                rows = run_decode_batch([s.conversation for s in group], [s for s in steps if s is not None], self._spares)
+            except Exception as exc:  # the call failed: every request in it fails alone, the others go on
+                for slot in group:
+                    if slot.generation is not None:
+                        slot.generation.failed()
+                    self._fail(slot.job, slot, exc)
+                done.update(s.index for s in group)
+                continue
+            self.metrics.count("decode_batch_calls_total")
+            self.metrics.count("decode_batch_rows_total", len(group))
+            for slot, logits in zip(group, rows):
+                self._guarded(slot.job, slot, lambda held, logits=logits, at=started: self._took(held, logits, at))
+            done.update(s.index for s in group)
+        return done
 
     def _active(self) -> list[_Slot]:
         return [s for s in self._slots if s.job is not None]
@@ -325,8 +370,17 @@ class Engine:
             self._finish(slot)
             return
         token = generation.advance()  # what it raises fails this request alone (_guarded)
-        if token is None:
-            return
+        if token is not None:
+            self._chosen(slot, token)
+
+    def _took(self, slot: _Slot, logits: Any, started: float) -> None:
+        """``slot``'s decode step ran in a decode_batch call (from ``started``): choose and show its token."""
+        assert slot.generation is not None
+        self._chosen(slot, slot.generation.took(logits, started))
+
+    def _chosen(self, slot: _Slot, token: int) -> None:
+        job, generation = slot.job, slot.generation
+        assert job is not None and generation is not None
         if not slot.first:
             slot.first = time.perf_counter()
             self.metrics.observe("time_to_first_token_seconds", slot.first - job.submitted)

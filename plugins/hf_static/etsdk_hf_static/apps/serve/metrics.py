@@ -19,6 +19,8 @@ METRICS: dict[str, tuple[str, str]] = {
     "rejected_total": ("counter", "requests refused with 503 because every slot was busy and the queue full"),
     "decode_seconds_total": ("counter", "seconds spent in decode steps"),
     "decode_tokens_total": ("counter", "tokens chosen by decode steps (decode tokens/s = this / decode_seconds_total)"),
+    "decode_batch_calls_total": ("counter", "decode_batch calls: one decode step for several requests at once"),
+    "decode_batch_rows_total": ("counter", "requests' decode steps run in decode_batch calls (rows / calls: requests per call)"),
     "time_to_first_token_seconds": ("summary", "from a request's arrival in the queue to its first token"),
     "queue_depth": ("gauge", "requests waiting for a slot"),
     "slots_busy": ("gauge", "slots generating now"),
