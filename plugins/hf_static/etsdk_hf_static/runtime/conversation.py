@@ -536,6 +536,8 @@ class Generation:
     def took(self, logits: torch.Tensor, started: float) -> int:
         """Choose the next token from the logits of this generation's step, which began at ``started``
         (``time.perf_counter()``); what :meth:`advance` does after its call."""
+        if self.stopped is not None:
+            raise GenerationError(f"this generation has stopped ({self.stopped})")
         try:
             token = choose(logits, self.sampling, self._generator, self.conversation._tokens)
         except BaseException:
