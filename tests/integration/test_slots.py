@@ -191,3 +191,14 @@ def test_an_optional_method_sized_by_an_unbound_dim_is_left_out() -> None:
     assert both.for_methods(["plain"]) == replace(record, dims={"N": 2, "B": 3})
     with pytest.raises(ContractError, match="dims N need sizes"):
         spec.bind(B=3)
+
+
+def test_a_record_whose_slots_or_optional_differ_from_the_specification_is_refused() -> None:
+    step = {"slots": "B", "optional": True, "inputs": [{"name": "x", "role": "tokens", "dtype": "int64", "shape": ["B", 1]}], "outputs": []}
+    spec = Contract.from_json(_spec(step, ["method.slots", "method.optional"]))
+    record = spec.bind(B=2)
+    for changed, found in (({"slots": 3}, "over 3 session"), ({"optional": False}, "a required method")):
+        altered = replace(record, methods=(replace(record.methods[0], **changed),), dims={"B": 2})
+        with pytest.raises(ContractError, match=found):
+            altered.check_conforms_to(spec)
+    assert spec.bind(B=1).required_features == ("method.optional",)  # one slot: an ordinary method, no slots feature

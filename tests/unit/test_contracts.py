@@ -193,7 +193,7 @@ def test_structured_garbage_raises_only_etsdk_errors(obj: Any) -> None:
 def test_a_dim_that_only_counts_repeated_entries_may_be_zero() -> None:
     """hf_static v2 counts full and sliding-window layers apart; a model may have none of one kind."""
     spec = Contract.from_bytes((CONTRACTS_DIR / "hf_static" / "2.json").read_bytes())
-    assert spec.sized_dims == {"T", "S", "R", "H", "D", "V"}
+    assert spec.sized_dims == {"T", "S", "R", "H", "D", "V", "B"}  # B: the optional decode_batch's slots and rows
     bound = spec.bind(T=4, S=16, R=9, H=2, D=8, V=32, L=0, LW=2)
     assert [s.name for s in bound.states] == ["kw0", "kw1", "vw0", "vw1"]
     again = Contract.from_bytes(bound.to_bytes())  # a record with L=0 reads back and conforms

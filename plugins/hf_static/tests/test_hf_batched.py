@@ -181,6 +181,15 @@ def test_decode_batch_refusals(batched_programs: dict[str, Path]) -> None:
             run_decode_batch(*args)
     for x, saved in zip((a, b, c, d), before):
         assert all(torch.equal(x.session.state[n], t) for n, t in saved.items()), "a refused call changed a session"
+    with pytest.raises(GenerationError, match="distinct conversations of one loaded model"):
+        other = HfStaticRunner.from_file(batched_programs["llama"]).new_conversation()  # another load: another model
+        run_decode_batch([a, b], [step, step], [other])
+    generation = runner.new_conversation().begin(list(range(3, 20)), max_new_tokens=2, sampling=None)
+    with pytest.raises(GenerationError, match="chunk\\(s\\) left to run"):
+        generation.took(torch.zeros(runner.metadata.vocab_size), time.perf_counter())
+    generation.cancel()
+    with pytest.raises(GenerationError, match="has stopped \\(cancelled\\)"):
+        generation.took(torch.zeros(runner.metadata.vocab_size), time.perf_counter())
     plain = HfStaticRunner.from_file(batched_programs["plain"])
     assert plain.decode_batch is None and "B" not in plain.program.contract.dims
     assert "method.slots" not in plain.program.contract.required_features  # the record older readers know
@@ -188,16 +197,15 @@ def test_decode_batch_refusals(batched_programs: dict[str, Path]) -> None:
         run_decode_batch([plain.new_conversation(), plain.new_conversation()], [step, step], [])
 
 
-def test_the_server_engine_decodes_requests_together(batched_programs: dict[str, Path]) -> None:
+def _serve(runner: HfStaticRunner, prompts: Sequence[Sequence[int]], new: int) -> tuple[dict[int, Any], Any]:
+    """``prompts`` through the server's engine (4 slots), submitted together; each one's outcome, and the metrics."""
     from etsdk import Sampling
     from etsdk_hf_static.apps.serve.engine import Engine, Job
     from etsdk_hf_static.apps.serve.metrics import Metrics
 
-    runner = HfStaticRunner.from_file(batched_programs["llama"])
-    alone = [list(runner.new_conversation().generate(p, max_new_tokens=12, stop_at_eos=False).token_ids) for p in PROMPTS]
     metrics = Metrics()
     engine = Engine(runner, slots=4, queue=4, metrics=metrics)
-    done = {i: threading.Event() for i in range(len(PROMPTS))}
+    done = {i: threading.Event() for i in range(len(prompts))}
     outcomes: dict[int, Any] = {}
 
     def emit(index: int) -> Any:
@@ -208,11 +216,18 @@ def test_the_server_engine_decodes_requests_together(batched_programs: dict[str,
         return receive
 
     try:
-        for index, prompt in enumerate(PROMPTS):
-            engine.submit(Job(tuple(prompt), 12, Sampling(ignore_eos=True), emit(index)))
+        for index, prompt in enumerate(prompts):
+            engine.submit(Job(tuple(prompt), new, Sampling(ignore_eos=True), emit(index)))
         assert all(event.wait(120) for event in done.values())
     finally:
         engine.stop()
+    return outcomes, metrics
+
+
+def test_the_server_engine_decodes_requests_together(batched_programs: dict[str, Path]) -> None:
+    runner = HfStaticRunner.from_file(batched_programs["llama"])
+    alone = [list(runner.new_conversation().generate(p, max_new_tokens=12, stop_at_eos=False).token_ids) for p in PROMPTS]
+    outcomes, metrics = _serve(runner, PROMPTS, 12)
     for index in range(len(PROMPTS)):
         outcome = outcomes[index]
         assert not isinstance(outcome, Exception), outcome
@@ -220,3 +235,33 @@ def test_the_server_engine_decodes_requests_together(batched_programs: dict[str,
         assert runner.decode_text(alone[index]) == outcome.text, index
     assert metrics.value("decode_batch_calls_total") > 0
     assert metrics.value("decode_batch_rows_total") >= 2 * metrics.value("decode_batch_calls_total")
+
+
+def test_a_failed_decode_batch_call_fails_its_requests_and_a_refused_one_steps_alone(
+    batched_programs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from etsdk_hf_static.apps.serve import engine as engine_module
+
+    runner = HfStaticRunner.from_file(batched_programs["llama"])
+    real = engine_module.run_decode_batch
+    calls = {"n": 0}
+
+    def refused(*args: Any) -> Any:
+        raise GenerationError("refused before running")
+
+    monkeypatch.setattr(engine_module, "run_decode_batch", refused)  # every call refused: each request steps alone
+    outcomes, metrics = _serve(runner, PROMPTS, 6)
+    alone = [runner.decode_text(runner.new_conversation().generate(p, max_new_tokens=6, stop_at_eos=False).token_ids) for p in PROMPTS]
+    assert [outcomes[i].text for i in range(len(PROMPTS))] == alone and metrics.value("decode_batch_calls_total") == 0
+
+    def broken(*args: Any) -> Any:  # the first call fails inside the program: its requests fail, the rest go on
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("the delegate failed")
+        return real(*args)
+
+    monkeypatch.setattr(engine_module, "run_decode_batch", broken)
+    outcomes, _ = _serve(runner, PROMPTS, 6)
+    failed = [i for i, o in outcomes.items() if isinstance(o, Exception)]
+    assert failed and all("the delegate failed" in str(outcomes[i]) for i in failed)
+    assert calls["n"] >= 1

@@ -371,6 +371,7 @@ def _check_state_identities(methods: Mapping[str, MethodSource]) -> None:
     seen: dict[str, tuple[str, str]] = {}
     for name, source in methods.items():
         held: dict[tuple[str, int], str] = {}
+        identities, slots = source.identities, source.slots
         for fqn, value in source.state.items():
             valid = isinstance(value, str) and value or (
                 isinstance(value, StateSlot) and isinstance(value.state, str) and value.state
@@ -381,7 +382,7 @@ def _check_state_identities(methods: Mapping[str, MethodSource]) -> None:
                     f"method '{name}': state of buffer '{fqn}' must be a state identity or an etsdk.StateSlot(state, "
                     f"slot >= 0), found {value!r}"
                 )
-            key = (source.identities[fqn], source.slots[fqn])
+            key = (identities[fqn], slots[fqn])
             shown = key[0] if not key[1] else f"{key[0]} of slot {key[1]}"
             other = seen.setdefault(fqn, (shown, name))
             if other[0] != shown:

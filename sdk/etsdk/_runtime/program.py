@@ -125,7 +125,7 @@ class Method:
         contract = program.contract
         self._stateful = contract is not None and bool(contract.states)
         #: how many sessions one call binds (its contract method's ``slots``; 1 for an ordinary method)
-        self.slots = next((int(m.slots) for m in contract.methods if m.name == name), 1) if contract is not None else 1
+        self.slots = contract.slots_of(name) if contract is not None else 1
         self._checks = tuple(program._input_checks(name, self.info))
 
     def __call__(self, *inputs: Any, session: Session | None = None, sessions: Sequence[Session] | None = None) -> list[Any]:

@@ -225,6 +225,10 @@ class Contract:
             f"(methods: {', '.join(m.name for m in self.methods)})"
         )
 
+    def slots_of(self, method: str) -> int:
+        """How many sessions one call of ``method`` binds (its ``slots``; 1 for a method this record lacks)."""
+        return next((int(m.slots) for m in self.methods if m.name == method), 1)
+
     def state(self, name: str) -> StateSpec:
         """The state with identity ``name``; raises :class:`etsdk.ContractError` when there is none."""
         for s in self.states:
@@ -314,22 +318,23 @@ class Contract:
                     out.append(replace(item, name=item.name.format(**fmt), shape=shape, layer=layer, repeat=None, **extra))
             return out
 
+        bound = tuple(
+            MethodSpec(
+                m.name,
+                tuple(expand(m.inputs, f"methods.{m.name}.inputs")),
+                tuple(expand(m.outputs, f"methods.{m.name}.outputs")),
+                size(m.slots, f"methods.{m.name}.slots"),
+                m.optional,
+            )
+            for m in methods
+        )
         record = Contract(
             name=self.name,
             version=self.version,
-            methods=tuple(
-                MethodSpec(
-                    m.name,
-                    tuple(expand(m.inputs, f"methods.{m.name}.inputs")),
-                    tuple(expand(m.outputs, f"methods.{m.name}.outputs")),
-                    size(m.slots, f"methods.{m.name}.slots"),
-                    m.optional,
-                )
-                for m in methods
-            ),
+            methods=bound,
             states=tuple(expand(self.states, "states")),
             dims=dims,
-            required_features=_features_for(self.required_features, methods),
+            required_features=_features_for(self.required_features, bound),
             metadata=dict(self.metadata),
         )
         record.validate()

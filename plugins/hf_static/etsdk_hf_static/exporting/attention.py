@@ -124,6 +124,13 @@ def _forward(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.T
     scale = float(given) if given is not None else float(query.shape[-1] ** -0.5)
     keys, values = int8_operands(key), int8_operands(value)
     key_slots, value_slots = slot_operands(key), slot_operands(value)
+    if (key_slots is None) != (value_slots is None) or (key_slots is None and query.shape[0] != key.shape[0]):
+        # per-slot caches noted but not both found (the model changed a cache between its update and attention), or
+        # a batch of queries over one cache: never attend every row over one slot's rows
+        raise ExportError(
+            f"{type(module).__name__}: the batched decode step's attention did not receive each slot's caches "
+            f"(queries {list(query.shape)}, keys {list(key.shape)}); this model cannot export decode_batch"
+        )
     if key_slots is not None and value_slots is not None:  # a batch of conversations: each row over its own cache
         out = _per_slot(query, key_slots, value_slots, attention_mask, scale)
     elif keys is not None and values is not None:  # an int8 cache: attend over its rows, not the dequantized copy

@@ -135,7 +135,8 @@ class Conversation:
         A step must lie inside the cache (rows ``start .. start + rows - 1`` within ``0 .. S-1``) and carry
         1 .. rows token ids of the vocabulary; anything else is a :class:`GenerationError`, before it runs.
         """
-        outputs = self._model.methods[step.method].execute(self._filled(step), session=self.session)
+        inputs = self._filled(step)  # checked first: a step of no method of this runner is refused by name
+        outputs = self._model.methods[step.method].execute(inputs, session=self.session)
         self._ran(step)
         return outputs[-1][0, len(step.tokens) - 1]
 
@@ -535,9 +536,12 @@ class Generation:
 
     def took(self, logits: torch.Tensor, started: float) -> int:
         """Choose the next token from the logits of this generation's step, which began at ``started``
-        (``time.perf_counter()``); what :meth:`advance` does after its call."""
+        (``time.perf_counter()``); what :meth:`advance` does after its call. Once per :attr:`decode_step` run
+        (refused while prompt chunks remain, or once stopped)."""
         if self.stopped is not None:
             raise GenerationError(f"this generation has stopped ({self.stopped})")
+        if self._steps:
+            raise GenerationError(f"this generation's prompt has {len(self._steps)} chunk(s) left to run before a token is chosen")
         try:
             token = choose(logits, self.sampling, self._generator, self.conversation._tokens)
         except BaseException:

@@ -97,7 +97,7 @@ class LoadedModel:
         self.decode_batch: int | None = None
         if "decode_batch" in program.methods and program.contract is not None:
             self.methods["decode_batch"] = program.load_method("decode_batch")
-            self.decode_batch = int(program.contract.method("decode_batch").slots)
+            self.decode_batch = program.contract.slots_of("decode_batch")
         mark("methods")
         self.tokenizer = tokenizer
         self._text_lock = threading.RLock()

@@ -256,7 +256,7 @@ def _signature_from_record(backend_id: str, method: str, uid: str, payload: memo
             f"record lists {expected.backend} uid {expected.signature.uid}, the program holds {backend_id} uid {uid}"
         )
     contract = context.record.contract
-    slots = next((int(m.slots) for m in contract.methods if m.name == method), 1) if contract is not None else 1
+    slots = contract.slots_of(method) if contract is not None else 1
     beyond = [b for b in expected.signature.states if b.slot >= slots]
     if beyond:
         raise ProgramError(

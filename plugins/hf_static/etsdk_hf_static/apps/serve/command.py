@@ -96,8 +96,7 @@ def run_serve(args: argparse.Namespace) -> int:
     app = create_app(runner, config)
     meta = runner.metadata
     per_slot = app.state.engine.slot_bytes
-    batch = runner.decode_batch
-    spares = max(batch - 2, 0) if batch and args.slots > 1 else 0
+    batch, spares = runner.decode_batch, app.state.engine.spare_count
     together = (
         f"; decode steps of up to {batch} requests run together (decode_batch){f', {spares} spare slot(s)' if spares else ''}"
         if batch and args.slots > 1 else

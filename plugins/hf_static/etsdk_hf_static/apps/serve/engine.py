@@ -37,6 +37,7 @@ from etsdk_hf_static.apps.serve.metrics import Metrics
 from etsdk_hf_static.apps.serve.protocol import RequestError
 from etsdk_hf_static.runtime.conversation import Conversation, Generation, common_prefix, run_decode_batch
 from etsdk_hf_static.runtime.model import LoadedModel
+from etsdk_hf_static.runtime.planning import Step
 from etsdk_hf_static.runtime.stops import visible_text
 
 __all__ = ["Engine", "Job", "Outcome", "Started"]
@@ -147,6 +148,13 @@ class Engine:
         return self._count
 
     @property
+    def spare_count(self) -> int:
+        """Conversations kept to fill a decode_batch call's unused rows: B - 2 (a group has 2 or more requests;
+        a lone one takes an ordinary decode step), none without decode_batch or with one slot."""
+        batch = self.model.decode_batch
+        return max(batch - 2, 0) if batch and self._count > 1 else 0
+
+    @property
     def alive(self) -> bool:
         """Whether the engine can take requests (started or startable, not stopping, its thread not failed)."""
         return not self._stopping and self._failure is None
@@ -218,8 +226,7 @@ class Engine:
             # 2 cores). Nothing else of the server runs torch code off this thread.
             try:
                 self._slots = [_Slot(i, Conversation(self.model)) for i in range(self._count)]
-                if self.model.decode_batch and self._count > 1:  # a group of 2 or more; the rest of B are spares
-                    self._spares = [Conversation(self.model) for _ in range(self.model.decode_batch - 2)]
+                self._spares = [Conversation(self.model) for _ in range(self.spare_count)]
                 if self.session_dir is not None:
                     self._load_slots(self.session_dir)
             finally:
@@ -281,10 +288,14 @@ class Engine:
 
     def _decode_together(self, active: Sequence[_Slot]) -> set[int]:
         """Run the decode steps of ``active`` slots that are ready for one through ``decode_batch``, B at a time (a
-        lone one is left to :meth:`_step`); the indices of the slots it advanced."""
+        lone one is left to :meth:`_step`); the indices of the slots it advanced (or failed)."""
         size = self.model.decode_batch
-        ready = [s for s in active if s.job is not None and not s.job.cancelled and s.generation is not None
-                 and s.generation.decode_step is not None]
+        ready: list[tuple[_Slot, Generation, Step]] = []
+        for slot in active:
+            generation = slot.generation
+            step = generation.decode_step if generation is not None and slot.job is not None and not slot.job.cancelled else None
+            if generation is not None and step is not None:
+                ready.append((slot, generation, step))
         if not size or len(ready) < 2:
             return set()
         done: set[int] = set()
@@ -292,22 +303,26 @@ class Engine:
             group = ready[first : first + size]
             if len(group) < 2:
                 break
-            steps = [s.generation.decode_step for s in group if s.generation is not None]
             started = time.perf_counter()
             try:
-                rows = run_decode_batch([s.conversation for s in group], [s for s in steps if s is not None], self._spares)
-            except Exception as exc:  # the call failed: every request in it fails alone, the others go on
-                for slot in group:
-                    if slot.generation is not None:
-                        slot.generation.failed()
-                    self._fail(slot.job, slot, exc)
-                done.update(s.index for s in group)
+                rows = run_decode_batch([s.conversation for s, _, _ in group], [step for _, _, step in group], self._spares)
+            except GenerationError as exc:  # refused before anything ran: each takes its own step instead
+                self._log(f"decode_batch refused ({exc}); the requests step one at a time")
                 continue
+            except Exception as exc:  # the call failed: every request in it fails alone, the others go on
+                for slot, generation, _ in group:
+                    generation.failed()
+                    self._fail(slot.job, slot, exc)
+                done.update(s.index for s, _, _ in group)
+                continue
+            seconds = time.perf_counter() - started
             self.metrics.count("decode_batch_calls_total")
             self.metrics.count("decode_batch_rows_total", len(group))
-            for slot, logits in zip(group, rows):
-                self._guarded(slot.job, slot, lambda held, logits=logits, at=started: self._took(held, logits, at))
-            done.update(s.index for s in group)
+            for (slot, _, _), logits in zip(group, rows):
+                # each request's step took the call's time (not the time the rows before it spent choosing)
+                at = time.perf_counter() - seconds
+                self._guarded(slot.job, slot, lambda held, logits=logits, at=at: self._took(held, logits, at))
+            done.update(s.index for s, _, _ in group)
         return done
 
     def _active(self) -> list[_Slot]:
