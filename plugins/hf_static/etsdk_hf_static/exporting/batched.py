@@ -54,23 +54,19 @@ def _slot_cache(config: Any, context_length: int, targets: list[_SlotTarget]) ->
         def update(
             self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, cache_kwargs: Any = None
         ) -> tuple[torch.Tensor, torch.Tensor]:
-            from etsdk.backend import dequantize_rows, quantize_rows
+            from etsdk.backend import dequantize_rows
+
+            from etsdk_hf_static.exporting.module import cache_rows_at, write_rows
 
             target = self.targets[layer_idx]
             assert self.positions is not None  # set by the wrapper's forward before the model runs
-            index = self.positions if target.ring is None else torch.remainder(self.positions, target.ring)
+            index = cache_rows_at(self.positions, target.ring)
             out = []
             for states, caches, scales in (
                 (key_states, target.keys, target.key_scales), (value_states, target.values, target.value_scales)
             ):
                 for s, cache in enumerate(caches):  # slot s's row into slot s's buffers only
-                    rows, at = states[s : s + 1], index[s : s + 1]
-                    if scales is None:
-                        cache.index_copy_(2, at, rows)
-                    else:
-                        quantized, row_scale = quantize_rows(rows)
-                        cache.index_copy_(2, at, quantized)
-                        scales[s].index_copy_(2, at, row_scale)
+                    write_rows(cache, None if scales is None else scales[s], index[s : s + 1], states[s : s + 1])
                 if self.filled:
                     out.append(remember_slots(caches[0], caches, scales))
                 elif scales is None:

@@ -248,6 +248,24 @@ class _Target:
         self.keys, self.values, self.ring, self.scales = keys, values, ring, scales
 
 
+def cache_rows_at(positions: torch.Tensor, ring: int | None) -> torch.Tensor:
+    """The cache rows ``positions`` are written to: themselves, or modulo a ring's ``ring`` rows."""
+    return positions if ring is None else torch.remainder(positions, ring)
+
+
+def write_rows(cache: torch.Tensor, scale: torch.Tensor | None, at: torch.Tensor, rows: torch.Tensor) -> None:
+    """Write ``rows`` into ``cache``'s rows ``at`` (dim 2): as they are, or (``scale`` given: an int8 cache)
+    quantized by :func:`etsdk.backend.quantize_rows`, their scales into ``scale``'s same rows."""
+    if scale is None:
+        cache.index_copy_(2, at, rows)
+        return
+    from etsdk.backend import quantize_rows
+
+    quantized, row_scale = quantize_rows(rows)
+    cache.index_copy_(2, at, quantized)
+    scale.index_copy_(2, at, row_scale)
+
+
 def _position_cache(config: Any, context_length: int, targets: list[_Target]) -> Any:
     """The cache transformers' attention layers call: it writes each layer's keys and values at the step's positions
     (mod R for a ring) into the wrapper's buffers and returns the whole buffer, which the mask selects from.
@@ -266,20 +284,18 @@ def _position_cache(config: Any, context_length: int, targets: list[_Target]) ->
         def update(
             self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, cache_kwargs: Any = None
         ) -> tuple[torch.Tensor, torch.Tensor]:
-            from etsdk.backend import dequantize_rows, quantize_rows
+            from etsdk.backend import dequantize_rows
 
             target = self.targets[layer_idx]
             assert self.positions is not None  # set by the wrapper's forward before the model runs
-            index = self.positions if target.ring is None else torch.remainder(self.positions, target.ring)
+            index = cache_rows_at(self.positions, target.ring)
             if target.scales is None:
-                target.keys.index_copy_(2, index, key_states)
-                target.values.index_copy_(2, index, value_states)
+                write_rows(target.keys, None, index, key_states)
+                write_rows(target.values, None, index, value_states)
                 return target.keys, target.values
             out = []
             for rows, cache, scale in ((key_states, target.keys, target.scales[0]), (value_states, target.values, target.scales[1])):
-                quantized, row_scale = quantize_rows(rows)
-                cache.index_copy_(2, index, quantized)
-                scale.index_copy_(2, index, row_scale)
+                write_rows(cache, scale, index, rows)
                 out.append(remember_int8(dequantize_rows(cache, scale).to(rows.dtype), cache, scale))
             return out[0], out[1]
 
