@@ -799,24 +799,29 @@ void rounded_row(const float* x, int64_t k, float* out) {
   }
 }
 
-// Weight row r times rounded x: per step of 64 columns one integer dot product, one conversion and one multiply-add
-// by the lanes' scales (d times the weight's scale). G 0: one scale per row (applied once, at the end); G 32: a scale
-// per block; G 1: groups of a multiple of 64, one scale per step.
-template <int G>
-inline float q8_row(const Weights& w, const RoundedX8& xq, int64_t r, bool ahead) {
+// Weight row r times M rounded rows of x: per step of 64 columns the weight bytes made ready once (vec::S), then
+// per row of x one integer dot product, one conversion and one multiply-add by the lanes' scales (d times the
+// weight's scale); row m's result to y[m * ldy]. G 0: one scale per row (applied once, at the end); G 32: a scale per
+// block; G 1: groups of a multiple of 64, one scale per step. Each row's arithmetic is the same whatever M is.
+template <int G, int M>
+inline void q8_row(const Weights& w, const RoundedX8* xq, int64_t r, bool ahead, float* y, int64_t ldy) {
   const int64_t k = w.k, whole = k / 64;
   const int8_t* q = w.q8 + r * k;
   const float* s = w.scales + r * w.groups;
-  const int8_t* xqq = xq.q.data();
-  const LaneD* xd = xq.d.data();
   if (ahead) {  // decode: the rows kAheadRows on asked for while this one multiplies
     for (int64_t i = 0; i < k; i += 64) v::prefetch(q + kAheadRows * k + i);
   }
-  v::F acc = v::zero();
+  v::F acc[M];
+  for (int m = 0; m < M; ++m) acc[m] = v::zero();
+  // sl: the weight's scale in every lane (unused for G 0)
   auto step = [&](const int8_t* wq, int64_t st, v::F sl) {
-    acc = v::fma(v::to_float(v::dot4_signed(v::izero(), wq, xqq + st * 64)), sl, acc);
+    const v::S ws = v::signed_bytes(wq);
+    for (int m = 0; m < M; ++m) {
+      const v::F d = G == 0 ? xq[m].d.data()[st].v : v::mul(xq[m].d.data()[st].v, sl);
+      acc[m] = v::fma(v::to_float(v::dot4_signed(v::izero(), ws, xq[m].q.data() + st * 64)), d, acc[m]);
+    }
   };
-  // lanes 0-7 times a, lanes 8-15 times b
+  // lanes 0-7 a, lanes 8-15 b
   auto pair = [](float a, float b) {
     const float four[kStepBlocks] = {a, a, b, b};
     return spread(four);
@@ -825,25 +830,37 @@ inline float q8_row(const Weights& w, const RoundedX8& xq, int64_t r, bool ahead
     const int64_t per = w.group / 64;
     for (int64_t st0 = 0, g = 0; st0 < whole; st0 += per, ++g) {
       const v::F sg = v::set1(s[g]);
-      for (int64_t st = st0; st < st0 + per; ++st) step(q + st * 64, st, v::mul(xd[st].v, sg));
+      for (int64_t st = st0; st < st0 + per; ++st) step(q + st * 64, st, sg);
     }
   } else {
-    for (int64_t st = 0; st < whole; ++st) step(q + st * 64, st, G == 32 ? v::mul(xd[st].v, pair(s[2 * st], s[2 * st + 1])) : xd[st].v);
+    for (int64_t st = 0; st < whole; ++st) step(q + st * 64, st, G == 32 ? pair(s[2 * st], s[2 * st + 1]) : v::zero());
   }
   if (whole * 64 < k) {  // a last block of 32 (k an odd number of blocks: G is 0 or 32): its bytes in a zeroed step
     int8_t last[64] = {};
     std::memcpy(last, q + whole * 64, 32);
-    step(last, whole, G == 32 ? v::mul(xd[whole].v, pair(s[2 * whole], 0.0f)) : xd[whole].v);
+    step(last, whole, G == 32 ? pair(s[2 * whole], 0.0f) : v::zero());
   }
-  const float total = v::reduce_add(acc);
-  return (G == 0 ? total * s[0] : total) + (w.bias ? w.bias[r] : 0.0f);
+  const float bias = w.bias ? w.bias[r] : 0.0f;
+  for (int m = 0; m < M; ++m) {
+    const float total = v::reduce_add(acc[m]);
+    y[m * ldy] = (G == 0 ? total * s[0] : total) + bias;
+  }
+}
+
+// Weight rows [r0, r1) times M rows of x: each weight row read once for all of them.
+template <int G, int M>
+void q8_rows_of(const A8Part& part, const RoundedX8* xq, int64_t ldy, int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r) q8_row<G, M>(part.w, xq, r, r + kAheadRows < part.w.n, part.y + r, ldy);
 }
 
 template <int G>
 void q8_rows(const A8Part& part, const RoundedX8* xq, int64_t m_rows, int64_t ldy, int64_t r0, int64_t r1) {
-  for (int64_t r = r0; r < r1; ++r) {
-    const bool ahead = r + kAheadRows < part.w.n;
-    for (int64_t m = 0; m < m_rows; ++m) part.y[m * ldy + r] = q8_row<G>(part.w, xq[m], r, ahead && m == 0);
+  static_assert(kFewRows == 4, "q8_rows names each count of rows up to kFewRows");
+  switch (m_rows) {
+    case 1: q8_rows_of<G, 1>(part, xq, ldy, r0, r1); break;
+    case 2: q8_rows_of<G, 2>(part, xq, ldy, r0, r1); break;
+    case 3: q8_rows_of<G, 3>(part, xq, ldy, r0, r1); break;
+    default: q8_rows_of<G, 4>(part, xq, ldy, r0, r1); break;
   }
 }
 

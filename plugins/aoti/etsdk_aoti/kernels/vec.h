@@ -5,6 +5,7 @@
 // defines that vocabulary for each level, side by side, with the same names and meanings in every section:
 //
 //   F      16 float32 lanes           I      16 int32 lanes          B      64 bytes (4-bit weights unpacked, 0..15)
+//   S      64 signed weight bytes made ready for dot4_signed once, for every row of x they multiply
 //
 // Which section compiles follows the compiler's target macros, so one source builds at every level:
 //
@@ -246,15 +247,23 @@ inline I dot4_pair(I acc, B even, B odd, const int8_t* x) {
 }
 // acc + per lane l the sum of w[4l + i] * x[4l + i], i < 4: 64 signed weight bytes times 64 signed x bytes (x in
 // -127..127: exact; lanes 0-7 read bytes 0-31, lanes 8-15 bytes 32-63). The x86 products take one unsigned operand,
-// so they multiply |w| by x carrying w's sign (llama.cpp's Q8_0 arithmetic).
-inline I dot4_signed(I acc, const int8_t* w, const int8_t* x) {
-  const __m512i wv = _mm512_loadu_si512(w), xv = _mm512_loadu_si512(x);
-  const __m512i aw = _mm512_abs_epi8(wv);
-  const __m512i sx = _mm512_mask_sub_epi8(xv, _mm512_movepi8_mask(wv), _mm512_setzero_si512(), xv);
+// so they multiply |w| by x carrying w's sign (llama.cpp's Q8_0 arithmetic). signed_bytes(w) loads w (and on x86
+// takes |w| and its signs) once for every row of x it multiplies.
+struct S {
+  __m512i magnitude;   // |w|
+  __mmask64 negative;  // w < 0
+};
+inline S signed_bytes(const int8_t* w) {
+  const __m512i wv = _mm512_loadu_si512(w);
+  return {_mm512_abs_epi8(wv), _mm512_movepi8_mask(wv)};
+}
+inline I dot4_signed(I acc, const S& w, const int8_t* x) {
+  const __m512i xv = _mm512_loadu_si512(x);
+  const __m512i sx = _mm512_mask_sub_epi8(xv, w.negative, _mm512_setzero_si512(), xv);
 #if defined(__AVX512VNNI__)
-  return _mm512_dpbusd_epi32(acc, aw, sx);
+  return _mm512_dpbusd_epi32(acc, w.magnitude, sx);
 #else
-  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(aw, sx), _mm512_set1_epi16(1)));
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(w.magnitude, sx), _mm512_set1_epi16(1)));
 #endif
 }
 
@@ -433,18 +442,26 @@ inline I dot4_pair(I acc, B even, B odd, const int8_t* x) {
 }
 // acc + per lane l the sum of w[4l + i] * x[4l + i], i < 4: 64 signed weight bytes times 64 signed x bytes (x in
 // -127..127: exact; lanes 0-7 read bytes 0-31, lanes 8-15 bytes 32-63). The x86 products take one unsigned operand,
-// so they multiply |w| by x carrying w's sign (llama.cpp's Q8_0 arithmetic).
-inline __m256i dot4_signed8(__m256i acc, const int8_t* w, const int8_t* x) {
-  const __m256i wv = _mm256_loadu_si256((const __m256i*)w), xv = _mm256_loadu_si256((const __m256i*)x);
-  const __m256i aw = _mm256_sign_epi8(wv, wv), sx = _mm256_sign_epi8(xv, wv);
+// so they multiply |w| by x carrying w's sign (llama.cpp's Q8_0 arithmetic). signed_bytes(w) loads w (and on x86
+// takes |w| and its signs) once for every row of x it multiplies.
+struct S {
+  __m256i lo, hi;                      // w (its signs, for x)
+  __m256i magnitude_lo, magnitude_hi;  // |w|
+};
+inline S signed_bytes(const int8_t* w) {
+  const __m256i lo = _mm256_loadu_si256((const __m256i*)w), hi = _mm256_loadu_si256((const __m256i*)(w + 32));
+  return {lo, hi, _mm256_sign_epi8(lo, lo), _mm256_sign_epi8(hi, hi)};
+}
+inline __m256i dot4_signed8(__m256i acc, __m256i w, __m256i magnitude, const int8_t* x) {
+  const __m256i sx = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i*)x), w);
 #if defined(__AVXVNNI__)
-  return _mm256_dpbusd_avx_epi32(acc, aw, sx);
+  return _mm256_dpbusd_avx_epi32(acc, magnitude, sx);
 #else
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1)));
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, sx), _mm256_set1_epi16(1)));
 #endif
 }
-inline I dot4_signed(I acc, const int8_t* w, const int8_t* x) {
-  return {dot4_signed8(acc.lo, w, x), dot4_signed8(acc.hi, w + 32, x + 32)};
+inline I dot4_signed(I acc, const S& w, const int8_t* x) {
+  return {dot4_signed8(acc.lo, w.lo, w.magnitude_lo, x), dot4_signed8(acc.hi, w.hi, w.magnitude_hi, x + 32)};
 }
 
 #elif defined(ETSDK_VEC_NEON)
@@ -611,10 +628,15 @@ inline I dot4_pair(I acc, B even, B odd, const int8_t* x) {
 }
 // acc + per lane l the sum of w[4l + i] * x[4l + i], i < 4: 64 signed weight bytes times 64 signed x bytes (x in
 // -127..127: exact; lanes 0-7 read bytes 0-31, lanes 8-15 bytes 32-63). The x86 products take one unsigned operand,
-// so they multiply |w| by x carrying w's sign (llama.cpp's Q8_0 arithmetic).
-inline I dot4_signed(I acc, const int8_t* w, const int8_t* x) {
+// so they multiply |w| by x carrying w's sign (llama.cpp's Q8_0 arithmetic). signed_bytes(w) loads w (and on x86
+// takes |w| and its signs) once for every row of x it multiplies.
+struct S {
+  int8x16_t v[4];
+};
+inline S signed_bytes(const int8_t* w) { return {{vld1q_s8(w), vld1q_s8(w + 16), vld1q_s8(w + 32), vld1q_s8(w + 48)}}; }
+inline I dot4_signed(I acc, const S& w, const int8_t* x) {
   I r;
-  for (int i = 0; i < 4; ++i) r.v[i] = dot4_4(acc.v[i], vld1q_s8(w + 16 * i), vld1q_s8(x + 16 * i));
+  for (int i = 0; i < 4; ++i) r.v[i] = dot4_4(acc.v[i], w.v[i], vld1q_s8(x + 16 * i));
   return r;
 }
 
@@ -749,13 +771,25 @@ inline I dot4_pair(I acc, B even, B odd, const int8_t* x) {
 }
 // acc + per lane l the sum of w[4l + i] * x[4l + i], i < 4: 64 signed weight bytes times 64 signed x bytes (x in
 // -127..127: exact; lanes 0-7 read bytes 0-31, lanes 8-15 bytes 32-63). The x86 products take one unsigned operand,
-// so they multiply |w| by x carrying w's sign (llama.cpp's Q8_0 arithmetic).
-inline I dot4_signed(I acc, const int8_t* w, const int8_t* x) {
-  ETSDK_LANES for (int i = 0; i < 4; ++i) acc.v[l] += w[4 * l + i] * x[4 * l + i];
+// so they multiply |w| by x carrying w's sign (llama.cpp's Q8_0 arithmetic). signed_bytes(w) loads w (and on x86
+// takes |w| and its signs) once for every row of x it multiplies.
+struct S {
+  int8_t v[64];
+};
+inline S signed_bytes(const int8_t* w) {
+  S r;
+  std::memcpy(r.v, w, 64);
+  return r;
+}
+inline I dot4_signed(I acc, const S& w, const int8_t* x) {
+  ETSDK_LANES for (int i = 0; i < 4; ++i) acc.v[l] += w.v[4 * l + i] * x[4 * l + i];
   return acc;
 }
 #undef ETSDK_LANES
 #endif
+
+// One step's weights times one row of x (the same on every level: the weights made ready, then multiplied).
+inline I dot4_signed(I acc, const int8_t* w, const int8_t* x) { return dot4_signed(acc, signed_bytes(w), x); }
 
 }  // namespace vec
 }  // namespace etsdk_kernels
