@@ -109,7 +109,7 @@ def write_cases(directory: Path) -> int:
         lines.append(f"qmm {name} {fmt.bits} {fmt.group_size or 0} {n} {k} {m} {int('mins' in stored)} 1")
     for fmt_name, ns, k, m in [("int4:g32:a8", [37], 256, 1), ("int4:g64:min:f16:a8", [16, 24], 128, 1),
                                ("int4:g32:min:f16:a8", [9, 33, 17], 160, 5), ("int4:g128:a8", [20], 256, 3),
-                               ("int8:a8", [37], 160, 1), ("int8:g32:a8", [21, 16], 96, 2), ("int8:g64:a8", [40, 9], 128, 1),
+                               ("int8:a8", [37], 160, 1), ("int8:a8", [37, 5], 160, 9), ("int8:g32:a8", [21, 16], 96, 2), ("int8:g64:a8", [40, 9], 128, 1),
                                ("int8:g128:a8", [12], 256, 6)]:
         fmt = WeightFormat.parse(fmt_name)
         x = 3 * torch.randn(m, k, generator=g)

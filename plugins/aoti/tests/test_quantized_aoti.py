@@ -42,7 +42,7 @@ def test_the_kernel_computes_the_formats_math(name: str, rows: int) -> None:
     "name", ["int4:g32:a8", "int4:g64:min:a8", "int4:g128:a8", "int4:g32:f16:a8", "int4:g64:min:f16:a8", "int8:a8", "int8:g32:a8",
              "int8:g64:a8", "int8:g128:a8"],
 )
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 64])  # decode (integer products, each count of rows) and prefill (tiles)
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, 64])  # decode (each count of rows) and prefill (integer tiles, a pass short)
 def test_the_int8_activation_kernel_computes_the_formats_math(name: str, rows: int) -> None:
     fmt = WeightFormat.parse(name)
     generator = torch.Generator().manual_seed(rows)

@@ -17,13 +17,16 @@
 // products; NEON sdot, vmull_s8 without dotprod), 128 columns a step whose lanes each sum one block's products
 // exactly; d times the weight's scale is applied once per lane and step: no 4-bit value is widened to float.
 // int8 weights with int8 activations (int8[:gG]:a8, llama.cpp's Q8_0 arithmetic; float32 scales) take q8_products:
-// a decode row multiplies signed bytes by signed bytes 64 columns a step (vec::dot4_signed), each block's sum exact;
-// prefill rows run the float tiles on the rounded x.
+// a decode row multiplies signed bytes by signed bytes 64 columns a step (vec::dot4_signed, a step's weights made
+// ready once for up to kFewRows rows of x), each block's sum exact; prefill rows run integer tiles, 16 weight rows
+// to the 16 lanes (vec::dot4_lanes), each lane's sum over a block exact, converted and scaled once per block (the
+// float tiles on the rounded values q * d where the level's integer products are the slower: vec::kIntegerTiles).
 //
 // Every packed byte is read once per call. Small M (decode) takes a dot-product path straight from the packed
 // bytes; larger M (prefill) dequantizes NR weight rows at a time into a float tile and runs an MR x NR register-
-// blocked micro-kernel over all rows of x (the :a8 prefill multiplies kA8Rows weight rows by MB rows of x per step,
-// integers still), so each weight is decoded once per call whatever M is. The blocking follows the level's register
+// blocked micro-kernel over all rows of x (the 4-bit :a8 prefill multiplies kA8Rows weight rows by MB rows of x per
+// step, the int8 one packs kTileRows x 16 weight rows for kTileX rows of x, integers still), so each weight is
+// decoded once per call whatever M is. The blocking follows the level's register
 // count (vec::kRegisters: 32 F at AVX-512, 8 at AVX2, NEON and portable). Work is split over output rows, 16 a task,
 // with OpenMP (torch's own runtime in the process, so the team size torch is given applies here too). The per-level
 // code is a few small functions side by side (unpack_step, step_dot, spread, block_scales, first_halves,
@@ -790,7 +793,8 @@ void round_x8(const float* x, int64_t k, RoundedX8& out) {
 }
 
 // Row x as the values q8_products' integers stand for, in float: per block of 32, round-half-even(x * (1 / d)) * d
-// (the floats q * d of round_x8 exactly: the same product, rounded the same way), what the prefill tiles multiply.
+// (the floats q * d of round_x8 exactly: the same product, rounded the same way), what the float tiles multiply where
+// the level runs no integer tiles (vec::kIntegerTiles).
 void rounded_row(const float* x, int64_t k, float* out) {
   for (int64_t b = 0; b < k; b += 32) {  // k: a whole number of blocks
     const float d = block_d(x + b);
@@ -864,13 +868,136 @@ void q8_rows(const A8Part& part, const RoundedX8* xq, int64_t m_rows, int64_t ld
   }
 }
 
+// ---------------------------------------------------------------- int8:a8 prefill: integer tiles
+
+// Prefill tiles: WT sets of 16 weight rows, one row per int32 lane (vec::dot4_lanes), times XR rows of x a pass.
+// Registers: XR * WT integer sums of the block, XR * WT float totals, WT steps of weights and their scales (AVX-512
+// 4 x 2: 8 + 8 + 4 of 32 F; 8 F: 2 x 1).
+constexpr int kTileRows = kRegisters >= 32 ? 2 : 1;  // WT
+constexpr int kTileX = kRegisters >= 32 ? 4 : 2;     // XR
+
+// Row x rounded for the tiles: its int8 values in column order, per block of 32 its d and kLaneOffset times the
+// block's sum of values (what the stored weights' offset adds to each lane's sum: subtracted once per block).
+struct TileX {
+  std::vector<int8_t> q;
+  std::vector<float> d;
+  std::vector<int32_t> offset;
+};
+
+void round_tile_x(const float* x, int64_t k, TileX& out) {
+  const int64_t blocks = k / 32;  // k: a whole number of blocks
+  out.q.resize(k);
+  out.d.resize(blocks);
+  out.offset.resize(blocks);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const float d = block_d(x + b * 32);
+    int8_t even[16], odd[16];
+    round_block(x + b * 32, d != 0.0f ? 1.0f / d : 0.0f, even, odd);
+    int32_t sum = 0;
+    for (int i = 0; i < 16; ++i) {
+      out.q[b * 32 + 2 * i] = even[i];
+      out.q[b * 32 + 2 * i + 1] = odd[i];
+      sum += even[i] + odd[i];
+    }
+    out.d[b] = d;
+    out.offset[b] = v::kLaneOffset * sum;
+  }
+}
+
+// Weight rows [n0, n0 + 16 * kTileRows) laid out for dot4_lanes: bytes [k / 4][kTileRows][16 rows][4 columns], each
+// w + kLaneOffset (rows past n: 0 weights, 0 scales), and per block of 32 each row's scale, [blocks][kTileRows][16].
+void pack_tile(const Weights& w, int64_t n0, uint8_t* bytes, float* scales) {
+  const int64_t k = w.k, blocks = k / 32;
+  for (int t = 0; t < kTileRows; ++t) {
+    for (int l = 0; l < 16; ++l) {
+      const int64_t r = n0 + 16 * t + l;
+      const bool real = r < w.n;
+      const int8_t* q = w.q8 + (real ? r : 0) * k;
+      for (int64_t p = 0; p < k / 4; ++p) {
+        uint8_t* to = bytes + ((p * kTileRows + t) * 16 + l) * 4;
+        for (int i = 0; i < 4; ++i) to[i] = real ? (uint8_t)(q[4 * p + i] + v::kLaneOffset) : (uint8_t)v::kLaneOffset;
+      }
+      for (int64_t b = 0; b < blocks; ++b)
+        scales[(b * kTileRows + t) * 16 + l] = real ? w.scales[r * w.groups + (w.group ? b * 32 / w.group : 0)] : 0.0f;
+    }
+  }
+}
+
+// y[j * ldy + n0 + 16 t + l] (+ bias) for XR rows of x: per block of 32 columns, each lane's integer sum over it
+// (8 dot4_lanes), less x's offset term, converted once and multiplied by the row's scale times x's d.
+template <int XR>
+void q8_tile(const Weights& w, const uint8_t* bytes, const float* scales, const TileX* const* xs, int64_t n0, float* y,
+             int64_t ldy) {
+  const int64_t blocks = w.k / 32;
+  v::F total[XR][kTileRows];
+  for (int j = 0; j < XR; ++j)
+    for (int t = 0; t < kTileRows; ++t) total[j][t] = v::zero();
+  for (int64_t b = 0; b < blocks; ++b) {
+    v::I sum[XR][kTileRows];
+    for (int j = 0; j < XR; ++j)
+      for (int t = 0; t < kTileRows; ++t) sum[j][t] = v::izero();
+    for (int64_t p = 8 * b; p < 8 * b + 8; ++p) {
+      v::L wv[kTileRows];
+      for (int t = 0; t < kTileRows; ++t) wv[t] = v::lane_bytes(bytes + (p * kTileRows + t) * 64);
+      for (int j = 0; j < XR; ++j)
+        for (int t = 0; t < kTileRows; ++t) sum[j][t] = v::dot4_lanes(sum[j][t], wv[t], xs[j]->q.data() + 4 * p);
+    }
+    v::F sv[kTileRows];
+    for (int t = 0; t < kTileRows; ++t) sv[t] = v::load(scales + (b * kTileRows + t) * 16);
+    for (int j = 0; j < XR; ++j) {
+      const v::F d = v::set1(xs[j]->d[b]);
+      const int32_t offset = xs[j]->offset[b];
+      for (int t = 0; t < kTileRows; ++t)
+        total[j][t] = v::fma(v::to_float(v::sub(sum[j][t], offset)), v::mul(sv[t], d), total[j][t]);
+    }
+  }
+  for (int t = 0; t < kTileRows; ++t) {
+    const int64_t first = n0 + 16 * t, count = w.n - first;
+    if (count <= 0) break;
+    const v::F bias = w.bias ? v::load_first(w.bias + first, count) : v::zero();
+    for (int j = 0; j < XR; ++j) v::store_first(y + j * ldy + first, v::add(total[j][t], bias), count);
+  }
+}
+
+// Rows of x (more than kFewRows) times int8 weights: each thread packs a tile of weight rows at a time, then runs
+// every row of x through it, so every weight is read from memory and packed once per call.
+void q8_prefill(const Weights& w, const TileX* xs, int64_t m_rows, float* y, int64_t ldy) {
+  const int64_t k = w.k, rows = 16 * kTileRows, tiles = (w.n + rows - 1) / rows;
+#pragma omp parallel
+  {
+    std::vector<uint8_t> bytes(k * rows);
+    std::vector<float> scales(k / 32 * rows);
+    const TileX* pass[kTileX];
+#pragma omp for schedule(static)
+    for (int64_t tile = 0; tile < tiles; ++tile) {
+      pack_tile(w, tile * rows, bytes.data(), scales.data());
+      int64_t m = 0;
+      for (; m + kTileX <= m_rows; m += kTileX) {
+        for (int j = 0; j < kTileX; ++j) pass[j] = xs + m + j;
+        q8_tile<kTileX>(w, bytes.data(), scales.data(), pass, tile * rows, y + m * ldy, ldy);
+      }
+      for (; m < m_rows; ++m) {
+        pass[0] = xs + m;
+        q8_tile<1>(w, bytes.data(), scales.data(), pass, tile * rows, y + m * ldy, ldy);
+      }
+    }
+  }
+}
+
 // Every part's product (int8 weights) with x rounded to int8 per block of 32. A few rows (decode) multiply integers
 // in one OpenMP region over every part's rows (PartChunks; each thread rounds x itself: a few hundred values); more
-// rows (prefill) run the float tiles on the rounded values q * d (rounded_row; the same math: a block's products
-// are exact either way, and the tiles decode each weight once per call).
+// rows (prefill) run the integer tiles (q8_prefill), each weight packed once per call, or the float tiles on the
+// rounded values where the level's integer products are the slower (vec::kIntegerTiles).
 void q8_products(const A8Part* parts, int64_t count, const float* x, int64_t m_rows, int64_t ldy) {
   const int64_t k = parts[0].w.k;
-  if (m_rows > kFewRows) {
+  if (m_rows > kFewRows && v::kIntegerTiles) {
+    std::vector<TileX> rounded(m_rows);
+#pragma omp parallel for schedule(static)
+    for (int64_t m = 0; m < m_rows; ++m) round_tile_x(x + m * k, k, rounded[m]);
+    for (int64_t p = 0; p < count; ++p) q8_prefill(parts[p].w, rounded.data(), m_rows, parts[p].y, ldy);
+    return;
+  }
+  if (m_rows > kFewRows) {  // the float tiles on the rounded values q * d (the same math: a block's products are exact)
     std::vector<float> values(m_rows * k);
 #pragma omp parallel for schedule(static)
     for (int64_t m = 0; m < m_rows; ++m) rounded_row(x + m * k, k, values.data() + m * k);
