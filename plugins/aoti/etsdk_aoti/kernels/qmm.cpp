@@ -976,27 +976,39 @@ void q8_tile(const Weights& w, const uint8_t* bytes, const float* scales, const 
   }
 }
 
-// Rows of x (more than kFewRows) times int8 weights: each thread packs a tile of weight rows at a time, then runs
-// every row of x through it, so every weight is read from memory and packed once per call.
-void q8_prefill(const Weights& w, const TileX* xs, int64_t m_rows, float* y, int64_t ldy) {
-  const int64_t k = w.k, rows = 16 * kTileRows, tiles = (w.n + rows - 1) / rows;
+// Rows of x (more than kFewRows) times every part's int8 weights (all of one k), in one OpenMP region: the rows
+// rounded (shared out), then every part's tiles as one loop, each thread packing a tile of weight rows at a time
+// and running every row of x through it, so every weight is read from memory and packed once per call and a
+// layer's query / key / value cost one start of the team and one wait at its end, not one each.
+void q8_prefill(const A8Part* parts, int64_t count, const float* x, int64_t m_rows, int64_t ldy) {
+  const int64_t k = parts[0].w.k, rows = 16 * kTileRows;
+  std::vector<int64_t> first(count + 1, 0);  // part p owns the tiles [first[p], first[p + 1])
+  for (int64_t p = 0; p < count; ++p) first[p + 1] = first[p] + (parts[p].w.n + rows - 1) / rows;
+  std::vector<TileX> rounded(m_rows);
 #pragma omp parallel
   {
+#pragma omp for schedule(static)
+    for (int64_t m = 0; m < m_rows; ++m) round_tile_x(x + m * k, k, rounded[m]);
     std::vector<float> words((k + 63) / 64 * 16 * rows);  // the packed bytes, four to a word
     std::vector<float> scales(k / 32 * rows);
+    const uint8_t* bytes = reinterpret_cast<const uint8_t*>(words.data());
     const TileX* pass[kTileX];
 #pragma omp for schedule(static)
-    for (int64_t tile = 0; tile < tiles; ++tile) {
-      pack_tile(w, tile * rows, words.data(), scales.data());
-      const uint8_t* bytes = reinterpret_cast<const uint8_t*>(words.data());
+    for (int64_t c = 0; c < first[count]; ++c) {
+      int64_t p = 0;
+      while (c >= first[p + 1]) ++p;
+      const Weights& w = parts[p].w;
+      const int64_t n0 = (c - first[p]) * rows;
+      float* y = parts[p].y;
+      pack_tile(w, n0, words.data(), scales.data());
       int64_t m = 0;
       for (; m + kTileX <= m_rows; m += kTileX) {
-        for (int j = 0; j < kTileX; ++j) pass[j] = xs + m + j;
-        q8_tile<kTileX>(w, bytes, scales.data(), pass, tile * rows, y + m * ldy, ldy);
+        for (int j = 0; j < kTileX; ++j) pass[j] = rounded.data() + m + j;
+        q8_tile<kTileX>(w, bytes, scales.data(), pass, n0, y + m * ldy, ldy);
       }
       for (; m < m_rows; ++m) {
-        pass[0] = xs + m;
-        q8_tile<1>(w, bytes, scales.data(), pass, tile * rows, y + m * ldy, ldy);
+        pass[0] = rounded.data() + m;
+        q8_tile<1>(w, bytes, scales.data(), pass, n0, y + m * ldy, ldy);
       }
     }
   }
@@ -1009,10 +1021,7 @@ void q8_prefill(const Weights& w, const TileX* xs, int64_t m_rows, float* y, int
 void q8_products(const A8Part* parts, int64_t count, const float* x, int64_t m_rows, int64_t ldy) {
   const int64_t k = parts[0].w.k;
   if (m_rows > kFewRows && v::kIntegerTiles) {
-    std::vector<TileX> rounded(m_rows);
-#pragma omp parallel for schedule(static)
-    for (int64_t m = 0; m < m_rows; ++m) round_tile_x(x + m * k, k, rounded[m]);
-    for (int64_t p = 0; p < count; ++p) q8_prefill(parts[p].w, rounded.data(), m_rows, parts[p].y, ldy);
+    q8_prefill(parts, count, x, m_rows, ldy);
     return;
   }
   if (m_rows > kFewRows) {  // the float tiles on the rounded values q * d (the same math: a block's products are exact)
