@@ -11,13 +11,13 @@
 // The int8 prefill tiles (qmm.cpp) hold 16 weight rows in the 16 int32 lanes: dot4_lanes multiplies 4 columns of 16
 // rows (64 bytes, row l's 4 at bytes 4l .. 4l + 3) by the same 4 bytes of x. Those bytes are stored as w +
 // kLaneOffset: 128 where the product takes its weights unsigned (x86 VNNI: vpdpbusd, x unsigned bytes would need a
-// per-weight correction; with the offset the correction, kLaneOffset times the sum of x, is one per row of x), 0
+// per-weight correction; with the offset it is kLaneOffset times x's sum, one per block of a row of x), 0
 // where it takes them signed (the sign moved onto x, as dot4_signed; NEON sdot; portable). kIntegerTiles says whether
 // the level runs them (measured faster than the float tiles on the rounded x), or the float tiles instead.
 //
 // Which section compiles follows the compiler's target macros, so one source builds at every level:
 //
-//   level         flags (kernels/__init__.py: LEVELS)         F is             integer products (dot4_pair, dot4_signed)
+//   level         flags (kernels/__init__.py: LEVELS)         F is             integer products (dot4_pair, dot4_signed, dot4_lanes)
 //   avx512vnni    -march=x86-64-v4 -mavx512vnni               __m512           vpdpbusd, 64 bytes a step
 //   avx512        -march=x86-64-v4                            __m512           vpmaddubsw + vpmaddwd
 //   avx2vnni      -march=x86-64-v3 -mavxvnni                  2 x __m256       vpdpbusd (VEX), 2 x 32 bytes
