@@ -158,6 +158,8 @@ def test_the_kernel_refuses_tensors_it_cannot_read() -> None:
         kernels.qmm(torch.zeros(1, 83), q8, torch.zeros(8), bits=8, group=0, int8_activations=True)
     with pytest.raises(ValueError, match="refused the tensors"):  # int8 weights' :a8 scales are float32
         kernels.qmm(torch.zeros(1, 64), q8[:, :64].contiguous(), torch.zeros(8, 2, dtype=torch.float16), bits=8, group=32, int8_activations=True)
+    with pytest.raises(ValueError, match="refused the tensors"):  # int8 :a8 groups: 32 or whole steps of 64
+        kernels.qmm(torch.zeros(1, 192), torch.zeros(8, 192, dtype=torch.int8), torch.zeros(8, 2), bits=8, group=96, int8_activations=True)
 
 
 class Net(torch.nn.Module):

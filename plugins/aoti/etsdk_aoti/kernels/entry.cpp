@@ -159,6 +159,8 @@ AOTITorchError qmm_a8(AtenTensorHandle x, const AtenTensorHandle* qdata, const A
   int32_t qtype = 0;
   if (!qdata[0] || aoti_torch_get_dtype(qdata[0], &qtype)) return AOTI_TORCH_FAILURE;
   const int64_t bits = qtype == aoti_torch_dtype_int8() ? 8 : 4;  // another dtype fails weight_operands' check
+  // int8 weights' :a8 decode goes 64 columns a step: a group is one block (32) or whole steps (a multiple of 64)
+  if (bits == 8 && group && group != 32 && group % 64) return AOTI_TORCH_FAILURE;
   std::vector<A8Part> parts(count);
   for (int64_t p = 0; p < count; ++p) {
     const uint16_t* halves[2] = {nullptr, nullptr};

@@ -871,8 +871,9 @@ void q8_rows(const A8Part& part, const RoundedX8* xq, int64_t m_rows, int64_t ld
 // ---------------------------------------------------------------- int8:a8 prefill: integer tiles
 
 // Prefill tiles: WT sets of 16 weight rows, one row per int32 lane (vec::dot4_lanes), times XR rows of x a pass.
-// Registers: XR * WT integer sums of the block, XR * WT float totals, WT steps of weights and their scales (AVX-512
-// 4 x 2: 8 + 8 + 4 of 32 F; 8 F: 2 x 1).
+// Registers: XR * WT integer sums of the block, XR * WT float totals, WT steps of weights (one or two registers of
+// bytes each: |w| and w where the level moves w's sign onto x) and their scales (AVX-512 4 x 2: 8 + 8 + 4 of 32 F;
+// 8 F: 2 x 1, about 16 ymm at AVX2).
 constexpr int kTileRows = kRegisters >= 32 ? 2 : 1;  // WT
 constexpr int kTileX = kRegisters >= 32 ? 4 : 2;     // XR
 
@@ -905,7 +906,7 @@ void round_tile_x(const float* x, int64_t k, TileX& out) {
 }
 
 // Weight rows [n0, n0 + 16 * kTileRows) laid out for dot4_lanes: bytes [k / 4][kTileRows][16 rows][4 columns] (k
-// rounded up to 64: zeros past it), each w + kLaneOffset (rows past n: 0 weights, 0 scales), and per block of 32 each
+// rounded up to 64: 0 weights past it), each w + kLaneOffset (rows past n: 0 weights, 0 scales), and per block of 32 each
 // row's scale, [blocks][kTileRows][16]. Four columns of a row are one 32-bit word, so the layout is a transpose of
 // 16 x 16 words (vec::transpose16: its float lanes only move bits), 64 columns of 16 rows at a time.
 void pack_tile(const Weights& w, int64_t n0, float* words, float* scales) {
@@ -931,7 +932,7 @@ void pack_tile(const Weights& w, int64_t n0, float* words, float* scales) {
       v::transpose16(block, 16, words + (c / 4 * kTileRows + t) * 16, kTileRows * 16);
     }
     for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t g = w.group ? b * 32 / w.group : 0;  // the block's group: one division a block, not a row
+      const int64_t g = w.group ? b * 32 / w.group : 0;  // the block's group: one division a block, not a scale
       float* to = scales + (b * kTileRows + t) * 16;
       for (int l = 0; l < 16; ++l) to[l] = n0 + 16 * t + l < w.n ? w.scales[(n0 + 16 * t + l) * w.groups + g] : 0.0f;
     }
@@ -976,6 +977,16 @@ void q8_tile(const Weights& w, const uint8_t* bytes, const float* scales, const 
   }
 }
 
+// q8_tile<rows> for any rows in 1 .. XR
+template <int XR>
+void q8_tile_rows(int rows, const Weights& w, const uint8_t* bytes, const float* scales, const TileX* const* xs,
+                  int64_t n0, float* y, int64_t ldy) {
+  if constexpr (XR > 1) {
+    if (rows < XR) return q8_tile_rows<XR - 1>(rows, w, bytes, scales, xs, n0, y, ldy);
+  }
+  q8_tile<XR>(w, bytes, scales, xs, n0, y, ldy);
+}
+
 // Rows of x (more than kFewRows) times every part's int8 weights (all of one k), in one OpenMP region: the rows
 // rounded (shared out), then every part's tiles as one loop, each thread packing a tile of weight rows at a time
 // and running every row of x through it, so every weight is read from memory and packed once per call and a
@@ -1006,9 +1017,9 @@ void q8_prefill(const A8Part* parts, int64_t count, const float* x, int64_t m_ro
         for (int j = 0; j < kTileX; ++j) pass[j] = rounded.data() + m + j;
         q8_tile<kTileX>(w, bytes, scales.data(), pass, n0, y + m * ldy, ldy);
       }
-      for (; m < m_rows; ++m) {
-        pass[0] = rounded.data() + m;
-        q8_tile<1>(w, bytes, scales.data(), pass, n0, y + m * ldy, ldy);
+      if (m < m_rows) {  // the rows left: one more pass
+        for (int j = 0; j < m_rows - m; ++j) pass[j] = rounded.data() + m + j;
+        q8_tile_rows<kTileX - 1>((int)(m_rows - m), w, bytes, scales.data(), pass, n0, y + m * ldy, ldy);
       }
     }
   }

@@ -11,9 +11,9 @@
 // The int8 prefill tiles (qmm.cpp) hold 16 weight rows in the 16 int32 lanes: dot4_lanes multiplies 4 columns of 16
 // rows (64 bytes, row l's 4 at bytes 4l .. 4l + 3) by the same 4 bytes of x. Those bytes are stored as w +
 // kLaneOffset: 128 where the product takes its weights unsigned (x86 VNNI: vpdpbusd, x unsigned bytes would need a
-// per-weight correction; with the offset it is kLaneOffset times x's sum, one per block of a row of x), 0
+// correction per weight row and block; with the offset it is kLaneOffset times x's sum, one per block of a row of x), 0
 // where it takes them signed (the sign moved onto x, as dot4_signed; NEON sdot; portable). kIntegerTiles says whether
-// the level runs them (measured faster than the float tiles on the rounded x), or the float tiles instead.
+// the level runs them or the float tiles on the rounded x instead (measured on x86; reasoned on NEON: see there).
 //
 // Which section compiles follows the compiler's target macros, so one source builds at every level:
 //
@@ -659,8 +659,9 @@ inline F reduce16(const F* v) {
   return load(s);
 }
 inline void transpose16(const float* src, int64_t lds, float* dst, int64_t ldd) {
+  // bits copied, not float values: the int8 tiles move weight bytes through it (an x87 copy could quiet a NaN)
   for (int i = 0; i < 16; ++i)
-    for (int j = 0; j < 16; ++j) dst[j * ldd + i] = src[i * lds + j];
+    for (int j = 0; j < 16; ++j) std::memcpy(dst + j * ldd + i, src + i * lds + j, sizeof(float));
 }
 inline void prefetch(const void* p) { __builtin_prefetch(p); }
 inline I izero() { return {{vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0)}}; }
@@ -712,8 +713,13 @@ inline I sub(I a, int32_t c) {
 }
 // acc + per lane l the sum of w[4l + i] * x[i], i < 4 (x in -127..127: exact; w signed: kLaneOffset 0)
 constexpr int kLaneOffset = 0;
-// not measured (no aarch64 host here): sdot multiplies 16 byte pairs an instruction, vmull_s8 8, an FMA 4 floats
+// not measured (no aarch64 host here): sdot multiplies 16 byte pairs an instruction against an FMA's 4 floats; without
+// dotprod, vmull_s8 and three adds take 16 products, no fewer instructions than the float tiles: those run there
+#if defined(__ARM_FEATURE_DOTPROD)
 constexpr bool kIntegerTiles = true;
+#else
+constexpr bool kIntegerTiles = false;
+#endif
 using L = S;
 inline L lane_bytes(const uint8_t* p) { return signed_bytes((const int8_t*)p); }
 inline I dot4_lanes(I acc, const L& w, const int8_t* x) {
@@ -828,8 +834,9 @@ inline F reduce16(const F* v) {
   return r;
 }
 inline void transpose16(const float* src, int64_t lds, float* dst, int64_t ldd) {
+  // bits copied, not float values: the int8 tiles move weight bytes through it (an x87 copy could quiet a NaN)
   for (int i = 0; i < 16; ++i)
-    for (int j = 0; j < 16; ++j) dst[j * ldd + i] = src[i * lds + j];
+    for (int j = 0; j < 16; ++j) std::memcpy(dst + j * ldd + i, src + i * lds + j, sizeof(float));
 }
 inline void prefetch(const void*) {}
 inline I izero() { return I{}; }
