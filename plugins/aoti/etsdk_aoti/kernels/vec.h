@@ -66,6 +66,12 @@ struct F16 {
   uint16_t bits;
 };
 
+// Four bytes of x as one 32-bit word (dot4_lanes broadcasts it to every lane).
+inline int32_t four(const int8_t* x) {
+  int32_t v;
+  std::memcpy(&v, x, 4);
+  return v;
+}
 inline float widen(float v) { return v; }
 inline float widen(int8_t v) { return static_cast<float>(v); }
 inline float widen(Bf16 v) {
@@ -273,11 +279,6 @@ inline I dot4_signed(I acc, const S& w, const int8_t* x) {
 #else
   return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(w.magnitude, sx), _mm512_set1_epi16(1)));
 #endif
-}
-inline int32_t four(const int8_t* x) {
-  int32_t v;
-  std::memcpy(&v, x, 4);
-  return v;
 }
 inline I sub(I a, int32_t c) { return _mm512_sub_epi32(a, _mm512_set1_epi32(c)); }
 // acc + per lane l the sum of w[4l + i] * x[i], i < 4 (x in -127..127: exact; w as stored, see kLaneOffset)
@@ -495,11 +496,6 @@ inline __m256i dot4_signed8(__m256i acc, __m256i w, __m256i magnitude, const int
 }
 inline I dot4_signed(I acc, const S& w, const int8_t* x) {
   return {dot4_signed8(acc.lo, w.lo, w.magnitude_lo, x), dot4_signed8(acc.hi, w.hi, w.magnitude_hi, x + 32)};
-}
-inline int32_t four(const int8_t* x) {
-  int32_t v;
-  std::memcpy(&v, x, 4);
-  return v;
 }
 inline I sub(I a, int32_t c) {
   const __m256i v = _mm256_set1_epi32(c);
@@ -723,9 +719,7 @@ constexpr bool kIntegerTiles = false;
 using L = S;
 inline L lane_bytes(const uint8_t* p) { return signed_bytes((const int8_t*)p); }
 inline I dot4_lanes(I acc, const L& w, const int8_t* x) {
-  int32_t bits;
-  std::memcpy(&bits, x, 4);
-  const int8x16_t xv = vreinterpretq_s8_s32(vdupq_n_s32(bits));
+  const int8x16_t xv = vreinterpretq_s8_s32(vdupq_n_s32(four(x)));
   I r;
   for (int i = 0; i < 4; ++i) r.v[i] = dot4_4(acc.v[i], w.v[i], xv);
   return r;
