@@ -702,25 +702,26 @@ void a8_rows(const Weights& w, const S* scales, const S* mins, const QuantizedX*
   else a8_rows_with<0>(w, scales, mins, xq, m_rows, y, ldy, r0, r1);
 }
 
-// Every part's output rows as tasks of 16 for one OpenMP loop over all parts: task c is rows [r0, r1) of one part.
+// Every part's output rows as tasks of `chunk` (16 unless said) for one OpenMP loop over all parts: task c is rows
+// [r0, r1) of one part.
 class PartChunks {
  public:
-  PartChunks(const A8Part* parts, int64_t count) : parts_(parts), first_(count + 1, 0) {
-    for (int64_t p = 0; p < count; ++p) first_[p + 1] = first_[p] + (parts[p].w.n + kChunk - 1) / kChunk;
+  PartChunks(const A8Part* parts, int64_t count, int64_t chunk = 16) : parts_(parts), chunk_(chunk), first_(count + 1, 0) {
+    for (int64_t p = 0; p < count; ++p) first_[p + 1] = first_[p] + (parts[p].w.n + chunk - 1) / chunk;
   }
   int64_t count() const { return first_.back(); }
   const A8Part& at(int64_t c, int64_t* r0, int64_t* r1) const {
     int64_t p = 0;
     while (c >= first_[p + 1]) ++p;
     const int64_t n = parts_[p].w.n;
-    *r0 = (c - first_[p]) * kChunk;
-    *r1 = *r0 + kChunk < n ? *r0 + kChunk : n;
+    *r0 = (c - first_[p]) * chunk_;
+    *r1 = *r0 + chunk_ < n ? *r0 + chunk_ : n;
     return parts_[p];
   }
 
  private:
-  static constexpr int64_t kChunk = 16;
   const A8Part* parts_;
+  int64_t chunk_;
   std::vector<int64_t> first_;  // parts_[p] owns the tasks [first_[p], first_[p + 1])
 };
 
@@ -993,8 +994,7 @@ void q8_tile_rows(int rows, const Weights& w, const uint8_t* bytes, const float*
 // layer's query / key / value cost one start of the team and one wait at its end, not one each.
 void q8_prefill(const A8Part* parts, int64_t count, const float* x, int64_t m_rows, int64_t ldy) {
   const int64_t k = parts[0].w.k, rows = 16 * kTileRows;
-  std::vector<int64_t> first(count + 1, 0);  // part p owns the tiles [first[p], first[p + 1])
-  for (int64_t p = 0; p < count; ++p) first[p + 1] = first[p] + (parts[p].w.n + rows - 1) / rows;
+  const PartChunks tiles(parts, count, rows);
   std::vector<TileX> rounded(m_rows);
 #pragma omp parallel
   {
@@ -1005,12 +1005,11 @@ void q8_prefill(const A8Part* parts, int64_t count, const float* x, int64_t m_ro
     const uint8_t* bytes = reinterpret_cast<const uint8_t*>(words.data());
     const TileX* pass[kTileX];
 #pragma omp for schedule(static)
-    for (int64_t c = 0; c < first[count]; ++c) {
-      int64_t p = 0;
-      while (c >= first[p + 1]) ++p;
-      const Weights& w = parts[p].w;
-      const int64_t n0 = (c - first[p]) * rows;
-      float* y = parts[p].y;
+    for (int64_t c = 0; c < tiles.count(); ++c) {
+      int64_t n0 = 0, end = 0;
+      const A8Part& part = tiles.at(c, &n0, &end);
+      const Weights& w = part.w;
+      float* y = part.y;
       pack_tile(w, n0, words.data(), scales.data());
       int64_t m = 0;
       for (; m + kTileX <= m_rows; m += kTileX) {
