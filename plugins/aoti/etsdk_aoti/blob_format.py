@@ -89,6 +89,9 @@ KERNELS_FEATURE = "aoti.kernels.qmm.v1"
 ATTENTION_FEATURE = "aoti.kernels.attention.v1"
 #: the library calls the int8-cache attention kernel (``aoti_torch_cpu_etsdk_attention_int8``)
 ATTENTION_INT8_FEATURE = "aoti.kernels.attention_int8.v1"
+#: the library calls the attention kernel's form for a batch of sessions, each over its own caches
+#: (``aoti_torch_cpu_etsdk_attention_slots``: a batched decode step's per-session calls merged into one)
+ATTENTION_SLOTS_FEATURE = "aoti.kernels.attention_slots.v1"
 #: the library calls the float32 few-row GEMV (``aoti_torch_cpu_etsdk_linear``, etsdk_aoti.float_linear)
 LINEAR_FEATURE = "aoti.kernels.linear.v1"
 #: ... with bfloat16 / float16 weights (a reader whose kernel takes float32 weights only would fail the call)
@@ -108,7 +111,8 @@ CPU_TARGET_FEATURE = "aoti.cpu_target.v1"
 #: aoti.cpu_target.v1 alone took config.cpu for CPU libraries only and would call the blob malformed)
 HOST_CPU_TARGET_FEATURE = "aoti.cpu_target.host.v1"
 KNOWN_FEATURES = frozenset(
-    {BLOB_FEATURE, STATE_INPUTS_FEATURE, NAMED_CONSTANTS_FEATURE, KERNELS_FEATURE, ATTENTION_FEATURE, ATTENTION_INT8_FEATURE, LINEAR_FEATURE,
+    {BLOB_FEATURE, STATE_INPUTS_FEATURE, NAMED_CONSTANTS_FEATURE, KERNELS_FEATURE, ATTENTION_FEATURE, ATTENTION_INT8_FEATURE,
+     ATTENTION_SLOTS_FEATURE, LINEAR_FEATURE,
      LINEAR16_FEATURE, QMM_A8_FEATURE, QMM_A8_FUSED_FEATURE, QMM_A8_INT8_FEATURE, CPU_TARGET_FEATURE, HOST_CPU_TARGET_FEATURE}
 )
 #: ``config.cpu.kernels``: etsdk-aoti's kernels are built where the program runs and pick their level there
@@ -223,6 +227,8 @@ class AotiBlob:
     calls_attention: bool = False
     #: the library calls the int8-cache attention kernel (feature ``aoti.kernels.attention_int8.v1``)
     calls_attention_int8: bool = False
+    #: the library calls the attention kernel's form for a batch of sessions (feature ``aoti.kernels.attention_slots.v1``)
+    calls_attention_slots: bool = False
     #: the library calls the float32 few-row GEMV (feature ``aoti.kernels.linear.v1``)
     calls_linear: bool = False
     #: ... with bfloat16 / float16 weights (feature ``aoti.kernels.linear16.v1``)
@@ -239,7 +245,7 @@ class AotiBlob:
         """Whether the library calls into etsdk-aoti's kernels library (which must be loaded first)."""
         return (
             self.calls_kernels or self.calls_attention or self.calls_attention_int8 or self.calls_linear or self.calls_qmm_a8
-            or self.calls_qmm_a8_fused
+            or self.calls_qmm_a8_fused or self.calls_attention_slots
         )
 
     def required_features(self) -> list[str]:
@@ -254,6 +260,8 @@ class AotiBlob:
             features.append(ATTENTION_FEATURE)
         if self.calls_attention_int8:
             features.append(ATTENTION_INT8_FEATURE)
+        if self.calls_attention_slots:
+            features.append(ATTENTION_SLOTS_FEATURE)
         if self.calls_linear:
             features.append(LINEAR_FEATURE)
         if self.calls_linear16:
@@ -407,7 +415,8 @@ def decode(payload: memoryview | bytes, *, state_bindings: int | None = None) ->
     features = reader.required_features
     return AotiBlob(
         config, constants, library, calls_kernels=KERNELS_FEATURE in features, calls_attention=ATTENTION_FEATURE in features,
-        calls_attention_int8=ATTENTION_INT8_FEATURE in features, calls_linear=LINEAR_FEATURE in features,
+        calls_attention_int8=ATTENTION_INT8_FEATURE in features, calls_attention_slots=ATTENTION_SLOTS_FEATURE in features,
+        calls_linear=LINEAR_FEATURE in features,
         calls_linear16=LINEAR16_FEATURE in features, calls_qmm_a8=QMM_A8_FEATURE in features,
         calls_qmm_a8_fused=QMM_A8_FUSED_FEATURE in features, calls_qmm_a8_int8=QMM_A8_INT8_FEATURE in features,
     )

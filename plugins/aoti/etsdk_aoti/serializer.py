@@ -48,7 +48,7 @@ from etsdk import ExportError
 from etsdk.backend import DelegateSignature, Partition, StateBinding, dtype_name, host_cpu
 
 from etsdk_aoti import blob_format, cpu, kernels, weights
-from etsdk_aoti.attention import kernel_attention, kernel_attention_int8, rewrite_attention
+from etsdk_aoti.attention import kernel_attention, kernel_attention_int8, kernel_attention_slots, rewrite_attention
 from etsdk_aoti.blob_format import AotiBlob, Config, Constant, Derivation, Source, TensorView
 from etsdk_aoti.float_linear import kernel_linear, kernel_linear16, rewrite_float_linears
 from etsdk_aoti.library import ConstantKind, ContainerConstant, GeneratedSource, Library
@@ -272,6 +272,10 @@ class Compiled:
         return any(node.target is kernel_attention_int8 for node in self.module.graph.nodes if node.op == "call_function")
 
     @property
+    def calls_attention_slots(self) -> bool:
+        return any(node.target is kernel_attention_slots for node in self.module.graph.nodes if node.op == "call_function")
+
+    @property
     def calls_linear(self) -> bool:
         return any(node.target in (kernel_linear, kernel_linear16) for node in self.module.graph.nodes if node.op == "call_function")
 
@@ -339,6 +343,8 @@ def compile_partition(
         shims[kernels.KERNEL_ATTENTION] = [kernels.ATTENTION_C_SHIM]
     if kernel_attention_int8 in targets:
         shims[kernels.KERNEL_ATTENTION_INT8] = [kernels.ATTENTION_INT8_C_SHIM]
+    if kernel_attention_slots in targets:
+        shims[kernels.KERNEL_ATTENTION_SLOTS] = [kernels.ATTENTION_SLOTS_C_SHIM]
     if kernel_linear in targets or kernel_linear16 in targets:
         shims[kernels.LINEAR] = [kernels.LINEAR_C_SHIM]
     if shims:
@@ -479,7 +485,8 @@ def preprocess(partition: Partition) -> bytes:
         )
         blob = AotiBlob(
             config, constants, compiled.library, calls_kernels=compiled.calls_kernels, calls_attention=compiled.calls_attention,
-            calls_attention_int8=compiled.calls_attention_int8, calls_linear=compiled.calls_linear,
+            calls_attention_int8=compiled.calls_attention_int8, calls_attention_slots=compiled.calls_attention_slots,
+            calls_linear=compiled.calls_linear,
             calls_linear16=compiled.calls_linear16, calls_qmm_a8=compiled.calls_qmm_a8,
             calls_qmm_a8_fused=compiled.calls_qmm_a8_fused, calls_qmm_a8_int8=compiled.calls_qmm_a8_int8,
         )

@@ -207,3 +207,125 @@ def test_a_prefill_shaped_call_takes_its_query_rows_in_batches(head_dim: int, in
         scales = (ks, vs)
     out = kernels.attention(q, k, v, mask, 0.2, *scales)
     torch.testing.assert_close(out, ATTENTION(q, k, v, mask, 0.2, *scales), rtol=2e-5, atol=2e-5)
+
+
+def _sessions(lengths: list[int], int8: bool, seed: int = 7) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor], torch.Tensor, list[torch.Tensor]]:
+    """A batched decode step's operands: one query row per session [B, 9, 1, 64], each session's own caches
+    [1, 3, 600, 64] (int8 with row scales: the scales' lists last) filled to its length, NaN past it, and each
+    session's mask row."""
+    from etsdk.backend import quantize_rows
+
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(len(lengths), 9, 1, 64, generator=g)
+    mask = torch.zeros(len(lengths), 1, 1, 600, dtype=torch.bool)
+    keys, values, scales = [], [], []
+    for b, n in enumerate(lengths):
+        mask[b, 0, 0, :n] = True
+        k, v = torch.randn(1, 3, 600, 64, generator=g), torch.randn(1, 3, 600, 64, generator=g)
+        if int8:
+            (k, ks), (v, vs) = quantize_rows(k), quantize_rows(v)
+            ks[:, :, n:], vs[:, :, n:] = float("nan"), float("nan")  # read past its length: the result is poisoned
+            scales += [ks, vs]
+        else:
+            k[:, :, n:], v[:, :, n:] = float("nan"), float("nan")
+        keys.append(k)
+        values.append(v)
+    return q, keys, values, mask, scales
+
+
+@pytest.mark.usefixtures("kernel_level")
+@pytest.mark.parametrize("int8", [False, True])
+def test_the_slots_form_attends_each_session_over_its_own_rows(int8: bool) -> None:
+    # sessions of different lengths in one call (the longest spans two of the kernel's chunks of 256 rows): each
+    # reads its own filled rows only, and equals its own call of the kernel
+    from etsdk.backend import dequantize_rows
+
+    lengths = [5, 300, 1, 520]
+    q, keys, values, mask, scales = _sessions(lengths, int8)
+    key_scales, value_scales = scales[0::2], scales[1::2]
+    before = kernels.attention_rows_read()
+    out = kernels.attention_slots(q, keys, values, mask, 0.125, key_scales, value_scales)
+    assert kernels.attention_rows_read() - before == sum(lengths)
+    for b, n in enumerate(lengths):
+        k, v = (dequantize_rows(keys[b], key_scales[b]), dequantize_rows(values[b], value_scales[b])) if int8 else (keys[b], values[b])
+        want = torch.nn.functional.scaled_dot_product_attention(
+            q[b : b + 1], k[:, :, :n], v[:, :, :n], scale=0.125, enable_gqa=True
+        )
+        torch.testing.assert_close(out[b : b + 1], want, rtol=1e-5, atol=1e-5)
+        alone = kernels.attention(q[b : b + 1], keys[b], values[b], mask[b : b + 1], 0.125, *scales[2 * b : 2 * b + 2])
+        assert torch.equal(out[b : b + 1], alone)
+    # one mask row for every session: each reads the rows that row sees
+    shared = mask[1:2]
+    out = kernels.attention_slots(q[:2], keys[1:3], values[1:3], shared, 0.125, key_scales[1:3], value_scales[1:3])
+    for b in range(2):
+        alone = kernels.attention(q[b : b + 1], keys[1 + b], values[1 + b], shared, 0.125, *scales[2 * (1 + b) : 2 * (1 + b) + 2])
+        assert torch.equal(out[b : b + 1], alone)
+
+
+def test_slots_the_kernel_cannot_take_are_refused() -> None:
+    q, keys, values, mask, _ = _sessions([3, 4, 5], int8=False)
+    _, keys8, values8, _, scales = _sessions([3, 4, 5], int8=True)
+    odd = [keys[0], torch.randn(1, 3, 500, 64), keys[2]]  # one session's cache of another size
+    for bad in [
+        (q, keys[:2], values[:2], mask),  # fewer sessions than query rows
+        (q, keys, values[:2], mask),  # keys and values of different sessions
+        (q, odd, values, mask),
+        (q, [torch.randn(2, 3, 600, 64)] * 3, [torch.randn(2, 3, 600, 64)] * 3, mask),  # a session's cache of batch 2
+        (q, keys, values, mask[:2]),  # two mask rows for three sessions
+        (q, keys8, values8, mask, scales[0::2][:2], scales[1::2][:2]),  # scales for two sessions of three
+        (q, keys8, values8, mask),  # int8 rows without their scales
+        (q, keys, values, mask, scales[0::2], scales[1::2]),  # float rows with int8 scales
+    ]:
+        with pytest.raises(ValueError, match="refused the tensors"):
+            kernels.attention_slots(*bad[:4], 0.125, *bad[4:])
+
+
+class _PerSession(torch.nn.Module):
+    """What a batched decode step's attention computes: row b of the query over session b's caches, concatenated
+    (etsdk-hf-static's BatchedDecodeLM makes such calls)."""
+
+    def __init__(self, shared_mask: bool = False, order: tuple[int, ...] = (0, 1, 2)) -> None:
+        super().__init__()
+        self.shared_mask, self.order = shared_mask, order
+
+    def forward(self, q: torch.Tensor, k0: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        from etsdk.backend import ATTENTION
+
+        caches = (k0, k1, k2)
+        rows = [mask if self.shared_mask else mask[b : b + 1] for b in range(3)]
+        return torch.cat([ATTENTION(q[b : b + 1], caches[s], caches[s] * 2, rows[b], 0.125) for b, s in enumerate(self.order)])
+
+
+@pytest.mark.parametrize(("module", "merged"), [
+    (_PerSession(), 1),
+    (_PerSession(shared_mask=True), 1),
+    (_PerSession(order=(0, 2, 1)), 1),  # any cache per row: the calls name each row's own
+])
+def test_a_batched_steps_per_session_calls_become_one_kernel_call(module: torch.nn.Module, merged: int) -> None:
+    from etsdk.backend import calls_attention
+    from etsdk_aoti.attention import kernel_attention_slots, rewrite_attention
+
+    q, keys, _, mask, _ = _sessions([4, 9, 2], int8=False)
+    keys = [k.nan_to_num(0.0) for k in keys]
+    operands = (q, *keys, mask[:1] if getattr(module, "shared_mask", False) else mask)
+    want = module(*operands)
+    graph_module = torch.export.export(module, operands).module()
+    assert rewrite_attention(graph_module, "cpu")
+    nodes = [n for n in graph_module.graph.nodes if n.op == "call_function"]
+    assert sum(n.target is kernel_attention_slots for n in nodes) == merged
+    assert not any(calls_attention(n) for n in nodes)
+    torch.testing.assert_close(graph_module(*operands), want, rtol=1e-5, atol=1e-5)
+
+
+def test_calls_that_are_not_one_per_session_row_stay_apart() -> None:
+    from etsdk_aoti.attention import fuse_slot_attention
+
+    class Rows(torch.nn.Module):  # row 1's query attended twice, row 2's never: not one call per session row
+        def forward(self, q: torch.Tensor, k0: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            from etsdk.backend import ATTENTION
+
+            return torch.cat([ATTENTION(q[b : b + 1], k, k, mask[b : b + 1], 0.125) for b, k in zip((0, 1, 1), (k0, k1, k2))])
+
+    q, keys, _, mask, _ = _sessions([4, 9, 2], int8=False)
+    graph_module = torch.export.export(Rows(), (q, *[k.nan_to_num(0.0) for k in keys], mask)).module()
+    assert fuse_slot_attention(graph_module.graph) == 0

@@ -141,16 +141,22 @@ def write_cases(directory: Path) -> int:
             _write(directory, f"{name}.want", torch.nn.functional.linear(x, w.float(), bias))
             lines.append(f"linear {name} {code} {n} {k} {m} 1")
     for int8 in (False, True):
-        for hq, h, rows, s, e, visible in [(9, 3, 1, 600, 64, [530]), (4, 4, 5, 64, 128, [5, 6, 7, 7, 7]), (2, 1, 1, 13, 48, [12])]:
-            q, k, v = (torch.randn(1, hh, rr, e, generator=g) for hh, rr in [(hq, rows), (h, s), (h, s)])
-            mask = torch.zeros(1, 1, rows, s, dtype=torch.bool)
-            for i, last in enumerate(visible):
-                mask[0, 0, i, : last + 1] = True
-            mask[0, 0, 0, 3] = False  # a gap
+        # (batches, hq, h, rows, s, e, each batch's last visible column per row); the batch of three: sessions of
+        # different lengths in one call (a batched decode step), each reading its own rows (two chunks for the longest)
+        for b, hq, h, rows, s, e, visible in [
+            (1, 9, 3, 1, 600, 64, [[530]]), (1, 4, 4, 5, 64, 128, [[5, 6, 7, 7, 7]]), (1, 2, 1, 1, 13, 48, [[12]]),
+            (3, 9, 3, 1, 300, 64, [[10], [290], [4]]),
+        ]:
+            q, k, v = (torch.randn(b, hh, rr, e, generator=g) for hh, rr in [(hq, rows), (h, s), (h, s)])
+            mask = torch.zeros(b, 1, rows, s, dtype=torch.bool)
+            for batch, lasts in enumerate(visible):
+                for i, last in enumerate(lasts):
+                    mask[batch, 0, i, : last + 1] = True
+            mask[:, 0, 0, 3] = False  # a gap
             if rows > 1:  # a padded chunk's rows: zeros (either sign) under equal mask rows, copied, not computed
                 q[:, :, 2:] = 0.0
                 q[:, 1, 4] = -0.0
-            name = f"attention_{int(int8)}_{hq}_{e}_{rows}"
+            name = f"attention_{int(int8)}_{b}_{hq}_{e}_{rows}"
             if int8:
                 kq, ks = quantize_rows(k)
                 vq, vs = quantize_rows(v)
@@ -164,7 +170,7 @@ def write_cases(directory: Path) -> int:
             _write(directory, f"{name}.q", q)
             _write(directory, f"{name}.mask", mask.to(torch.uint8))
             _write(directory, f"{name}.want", want)
-            lines.append(f"attention {name} {int(int8)} 1 {hq} {rows} {e} {h} {s} {e} 1 0.2")
+            lines.append(f"attention {name} {int(int8)} {b} {hq} {rows} {e} {h} {s} {e} {b} 0.2")
     (directory / "cases.txt").write_text("\n".join(lines) + "\n")
     return len(lines)
 

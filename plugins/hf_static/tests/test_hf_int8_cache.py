@@ -123,12 +123,16 @@ def test_the_aoti_blob_calls_the_int8_kernel_and_decode_reads_the_rows_in_use(
     path = tmp_path / "model.pte"
     with capture_delegates() as captured:
         export(int8_models["llama"], path, decode_backend="aoti", prefill_backend="reference", prefill_length=T,
-               context_length=S, kv_cache="int8", partitioner_options={"EtsdkAotiBackend": {"device": "cpu"}}, quiet=True)
-    aoti = [d for d in captured if d.backend_id == "EtsdkAotiBackend"]
-    assert aoti
-    for delegate in aoti:
-        features = BlobReader(delegate.payload, known_features=blob_format.KNOWN_FEATURES).required_features
-        assert blob_format.ATTENTION_INT8_FEATURE in features and blob_format.ATTENTION_FEATURE not in features
+               context_length=S, kv_cache="int8", partitioner_options={"EtsdkAotiBackend": {"device": "cpu"}},
+               decode_batch=3, quiet=True)
+    features = {
+        d.method: BlobReader(d.payload, known_features=blob_format.KNOWN_FEATURES).required_features
+        for d in captured if d.backend_id == "EtsdkAotiBackend"
+    }
+    assert blob_format.ATTENTION_INT8_FEATURE in features["decode"] and blob_format.ATTENTION_FEATURE not in features["decode"]
+    # decode_batch's per-conversation attention calls: one kernel call per layer for all three
+    assert blob_format.ATTENTION_SLOTS_FEATURE in features["decode_batch"]
+    assert blob_format.ATTENTION_INT8_FEATURE not in features["decode_batch"]
     runner = HfStaticRunner.from_file(path)
     conversation = runner.new_conversation()
     conversation.prefill(prompt_of(5, seed=2))
@@ -136,6 +140,22 @@ def test_the_aoti_blob_calls_the_int8_kernel_and_decode_reads_the_rows_in_use(
     conversation.generate([], max_new_tokens=4, stop_at_eos=False)
     # decode steps at positions 5 .. 8 read 6 .. 9 rows per layer, whatever S is (the first token came from prefill)
     assert kernels.attention_rows_read() - before == sum(range(6, 9)) * runner.metadata.layers
+
+    # three conversations of different lengths decoding together: each row is its own decode step, reading its own rows
+    from etsdk_hf_static.runtime.conversation import Step, run_decode_batch
+
+    prompts = [prompt_of(length, seed=length) for length in (3, T + 2, 7)]
+    together = [runner.new_conversation() for _ in prompts]
+    for c, prompt in zip(together, prompts):
+        c.generate(prompt, max_new_tokens=1, stop_at_eos=False)
+    steps = [Step("decode", c.position, (c.pending[0],), 1) for c in together]
+    before = kernels.attention_rows_read()
+    rows = [r.clone() for r in run_decode_batch(together, steps, [])]
+    assert kernels.attention_rows_read() - before == sum(s.start + 1 for s in steps) * runner.metadata.layers
+    for prompt, step, row in zip(prompts, steps, rows):
+        alone = runner.new_conversation()
+        alone.generate(prompt, max_new_tokens=1, stop_at_eos=False)
+        torch.testing.assert_close(row, alone.run_step(step), atol=1e-5, rtol=1e-5)
 
 
 def test_full_length_mode_over_int8_caches_computes_the_same_tokens(

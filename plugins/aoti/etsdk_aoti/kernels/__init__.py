@@ -1,6 +1,7 @@
 """etsdk-aoti's native kernels: ``etsdk_aoti::etsdk_qmm`` (quantized weights; ``etsdk_qmm_a8`` for the int8-activation
 ``:a8`` formats, ``etsdk_qmm_a8_fused`` for several of their weights that read the same input), ``etsdk_aoti::etsdk_linear``
-(float32 weights times a few rows: decode), ``etsdk_aoti::etsdk_attention`` and ``etsdk_aoti::etsdk_attention_int8``.
+(float32 weights times a few rows: decode), ``etsdk_aoti::etsdk_attention``, ``etsdk_aoti::etsdk_attention_int8`` and
+``etsdk_aoti::etsdk_attention_slots``.
 
 ``etsdk_linear`` (``gemv.cpp``) is ``x @ w.T + bias`` for float32 (or bfloat16 / float16, widened in registers)
 weights, on every thread of torch's team:
@@ -10,7 +11,9 @@ third of the memory's bandwidth. The exporter points only products of at most :d
 ``etsdk_attention`` (``attention.cpp``) stands for the core's ``etsdk::attention``: SDPA under a boolean mask
 that reads only the key / value rows some query sees, so an LLM's decode step costs what its conversation
 holds, not the cache's capacity; ``etsdk_attention_int8`` is its int8-cache form (int8 rows, a float32 scale
-per row). Their eager implementation is the core's reference.
+per row); ``etsdk_attention_slots`` attends each row of a batch of sessions over that session's own cache tensors
+(a batched decode step: one call and one parallel region for every session of a layer, not one per session). Their
+eager implementation is the core's reference.
 
 
 The serializer rewrites every ``etsdk::linear_q`` of a partition into
@@ -70,6 +73,9 @@ __all__ = [
     "KERNELS_FEATURE",
     "KERNEL_ATTENTION",
     "KERNEL_ATTENTION_INT8",
+    "KERNEL_ATTENTION_SLOTS",
+    "ATTENTION_SLOTS_C_SHIM",
+    "attention_slots",
     "FEW_ROWS",
     "LINEAR",
     "LINEAR_C_SHIM",
@@ -126,6 +132,15 @@ ATTENTION_INT8_C_SHIM = (
     "AOTITorchError aoti_torch_cpu_etsdk_attention_int8(AtenTensorHandle query, AtenTensorHandle key, "
     "AtenTensorHandle key_scale, AtenTensorHandle value, AtenTensorHandle value_scale, AtenTensorHandle mask, "
     "double scale, AtenTensorHandle* ret0)"
+)
+
+#: The C declaration AOTInductor emits for ``etsdk_aoti::etsdk_attention_slots`` (a ``Tensor[]`` argument is a
+#: pointer and a length; float32 caches pass empty scale lists).
+ATTENTION_SLOTS_C_SHIM = (
+    "AOTITorchError aoti_torch_cpu_etsdk_attention_slots(AtenTensorHandle query, const AtenTensorHandle* keys, "
+    "int64_t keys_len_, const AtenTensorHandle* values, int64_t values_len_, AtenTensorHandle mask, double scale, "
+    "const AtenTensorHandle* key_scales, int64_t key_scales_len_, const AtenTensorHandle* value_scales, "
+    "int64_t value_scales_len_, AtenTensorHandle* ret0)"
 )
 
 _HERE = Path(__file__).parent
@@ -262,6 +277,35 @@ def _(
 
 
 KERNEL_ATTENTION_INT8 = torch.ops.etsdk_aoti.etsdk_attention_int8.default
+
+
+@torch.library.custom_op("etsdk_aoti::etsdk_attention_slots", mutates_args=())
+def etsdk_attention_slots(
+    query: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], mask: torch.Tensor, scale: float,
+    key_scales: list[torch.Tensor], value_scales: list[torch.Tensor],
+) -> torch.Tensor:
+    """Row ``b`` of ``query`` [B, Hq, L, E] over session ``b``'s caches ``keys[b]`` / ``values[b]`` ([1, H, S, E] each;
+    int8 with ``key_scales[b]`` / ``value_scales[b]``, float32 with empty lists) under mask row ``b`` (or the one mask
+    row of a [1, 1, L, S] mask): the core's ``etsdk::attention`` per session, concatenated."""
+    from etsdk.backend import ATTENTION
+
+    out = []
+    for b, (key, value) in enumerate(zip(keys, values)):
+        scales = (key_scales[b], value_scales[b]) if key_scales else ()
+        rows = mask if mask.shape[0] == 1 else mask[b : b + 1]
+        out.append(ATTENTION(query[b : b + 1], key, value, rows, scale, *scales))
+    return torch.cat(out, dim=0)
+
+
+@etsdk_attention_slots.register_fake
+def _(
+    query: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], mask: torch.Tensor, scale: float,
+    key_scales: list[torch.Tensor], value_scales: list[torch.Tensor],
+) -> torch.Tensor:
+    return query.new_empty((*query.shape[:-1], values[0].shape[-1]))
+
+
+KERNEL_ATTENTION_SLOTS = torch.ops.etsdk_aoti.etsdk_attention_slots.default
 
 
 def _torch_lib() -> Path:
@@ -498,6 +542,39 @@ def attention(
     if code != 0:
         shapes = ", ".join(f"{list(t.shape)} {t.dtype}" for t in operands if t is not None)
         raise ValueError(f"{path.name} refused the tensors ({shapes})")
+    result: torch.Tensor = torch._C._aoti.alloc_tensors_by_stealing_from_void_ptrs([_new_capsule(out.value, None, None)])[0]
+    return result
+
+
+def attention_slots(
+    query: torch.Tensor, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor], mask: torch.Tensor, scale: float,
+    key_scales: Sequence[torch.Tensor] = (), value_scales: Sequence[torch.Tensor] = (),
+) -> torch.Tensor:
+    """Call the native attention kernel's slots form directly (tests and benchmarks): row ``b`` of ``query`` over
+    ``keys[b]`` / ``values[b]`` (int8 ones with ``key_scales`` / ``value_scales``); ``ValueError`` when it refuses
+    the tensors."""
+    from etsdk_aoti.library import _new_capsule, free_handles, tensor_handles
+
+    path = load()
+    assert _loaded is not None
+    pointer = ctypes.c_void_p
+    function = _loaded.aoti_torch_cpu_etsdk_attention_slots
+    listed = ctypes.POINTER(pointer), ctypes.c_int64
+    function.argtypes = [pointer, *listed, *listed, pointer, ctypes.c_double, *listed, *listed, ctypes.POINTER(pointer)]
+    lists = [list(keys), list(values), list(key_scales), list(value_scales)]
+    handles = tensor_handles([query, mask, *(t for tensors in lists for t in tensors)])
+    try:
+        arrays, at = [], 2
+        for tensors in lists:
+            arrays.append(((pointer * len(tensors))(*handles[at : at + len(tensors)]) if tensors else None, len(tensors)))
+            at += len(tensors)
+        out = pointer()
+        code = function(handles[0], *arrays[0], *arrays[1], handles[1], scale, *arrays[2], *arrays[3], ctypes.byref(out))
+    finally:
+        free_handles(handles)
+    if code != 0:
+        shapes = ", ".join(f"{list(t.shape)} {t.dtype}" for t in [query, *lists[0], mask])
+        raise ValueError(f"{path.name} refused the tensors ({shapes}; {[len(t) for t in lists]} tensors per list)")
     result: torch.Tensor = torch._C._aoti.alloc_tensors_by_stealing_from_void_ptrs([_new_capsule(out.value, None, None)])[0]
     return result
 

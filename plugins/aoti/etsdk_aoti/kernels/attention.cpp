@@ -8,11 +8,14 @@
 //
 // Key and value rows are float32, or int8 with a float32 scale per row (k_scale / v_scale [B, H, S]: row j of head h
 // stands for key[j] * k_scale[j]): an int8 cache is a quarter of the bytes, widened in registers. Called through the
-// level table (table.h: attention) by aoti_torch_cpu_etsdk_attention and aoti_torch_cpu_etsdk_attention_int8
-// (entry.cpp), which checked the operands, allocated the output and counts the rows read (the n returned here).
+// level table (table.h: attention) by aoti_torch_cpu_etsdk_attention, aoti_torch_cpu_etsdk_attention_int8 and
+// aoti_torch_cpu_etsdk_attention_slots (entry.cpp), which checked the operands, allocated the output and count the
+// rows read (the sum of n_b returned here). The table takes each batch's rows on their own (CacheRows): one tensor's
+// batches, or the slots form's sessions, each its own cache tensor [1, H, S, E] (a batched decode step of several
+// conversations: one call, one parallel region for all of them, not one per session).
 //
-// Why: only rows 0 .. n-1 of key and value are read, n being one past the last column any query row sees: an LLM's
-// decode step over a static cache of S rows costs what the conversation holds, not S.
+// Why: batch b reads only rows 0 .. n_b-1 of its key and value, n_b being one past the last column any of its query
+// rows sees: an LLM's decode step over a static cache of S rows costs what the conversation holds, not S.
 //
 // How the work is split: over (batch, key / value head, chunk of kChunk = 256 rows) with OpenMP (torch's runtime, as
 // the other kernels), the chunks of each query row combined after (flash-decoding's split). For heads of 64 or 128
@@ -208,7 +211,7 @@ inline void weighted_sums_n(int n, const float* const* w, const T* rows, int64_t
 // head's group that are computed (live[0 .. count), of the group's rows 0 .. queries: head hk * group + query / L,
 // position query % L; the others repeat the row before them).
 struct Task {
-  int64_t index, b, hk, first, rows, head;  // head: the first row of this key / value head in k, v and the scales
+  int64_t index, b, hk, first, rows, head;  // head: the first row of this key / value head in batch b's rows, scales
   int64_t group, queries, Hq, L, S, MB;
   float s;
   const int64_t* live;
@@ -347,25 +350,32 @@ inline std::vector<uint8_t> repeats(const float* q, const bool* m, int64_t B, in
 // one key / value head and a chunk of its rows, and for every query row of the heads that read it computes a partial
 // softmax (its maximum, its sum, its unnormalised output); a second pass combines the chunks of each query row (as
 // flash-decoding does). D: the head size when it is known at compile time (64, 128: E == Ev == D; the dot products
-// unroll and a query row's output stays in registers), 0 otherwise. Returns n, the rows read; *attended: the query
-// rows computed (the others repeat the row before them: repeats()).
+// unroll and a query row's output stays in registers), 0 otherwise. k[b], v[b]: batch b's rows (its own cache: the
+// batches of a call may be sessions of different lengths, each reads its own filled rows). Returns the rows read
+// (summed over the batches); *attended: the query rows computed (the others repeat the row before them: repeats()).
 template <typename T, int64_t D>
-int64_t attend(const float* q, Rows<T> k, Rows<T> v, const bool* m, float* out, int64_t B, int64_t Hq, int64_t L,
-               int64_t E_, int64_t H, int64_t S, int64_t Ev_, int64_t MB, float s, int64_t* attended) {
+int64_t attend(const float* q, const Rows<T>* k, const Rows<T>* v, const bool* m, float* out, int64_t B, int64_t Hq,
+               int64_t L, int64_t E_, int64_t H, int64_t S, int64_t Ev_, int64_t MB, float s, int64_t* attended) {
   const int64_t E = D ? D : E_, Ev = D ? D : Ev_;
-  // n: one past the last column some row sees (mask rows of every batch entry)
-  int64_t n = 0;
-  for (int64_t r = 0; r < MB * L; ++r) {
-    const bool* row = m + r * S;
-    for (int64_t j = S - 1; j >= n; --j) {
-      if (row[j]) {
-        n = j + 1;
-        break;
+  // n[b]: one past the last column batch b's mask rows see
+  std::vector<int64_t> n(static_cast<size_t>(B), 0);
+  int64_t read = 0, longest = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t& filled = n[static_cast<size_t>(b)];
+    for (int64_t r = 0; r < L; ++r) {
+      const bool* row = m + ((MB == 1 ? 0 : b) * L + r) * S;
+      for (int64_t j = S - 1; j >= filled; --j) {
+        if (row[j]) {
+          filled = j + 1;
+          break;
+        }
       }
     }
+    read += filled;
+    longest = std::max(longest, filled);
   }
   const int64_t group = Hq / H;
-  const int64_t chunks = std::max<int64_t>(1, (n + kChunk - 1) / kChunk);
+  const int64_t chunks = std::max<int64_t>(1, (longest + kChunk - 1) / kChunk);
   const int64_t queries = group * L;  // query rows reading one key / value head
   // per (b, hk): the query rows computed (live[bhk * queries ..], live_count[bhk] of them)
   const std::vector<uint8_t> repeat = repeats(q, m, B, Hq, L, E, S, MB);
@@ -392,13 +402,15 @@ int64_t attend(const float* q, Rows<T> k, Rows<T> v, const bool* m, float* out, 
 #pragma omp for schedule(static)
     for (int64_t task = 0; task < B * H * chunks; ++task) {
       const int64_t c = task % chunks, bhk = task / chunks, b = bhk / H, hk = bhk % H;
-      const int64_t first = c * kChunk, rows = std::min(n, first + kChunk) - first;
-      const Task t{task,  b,  hk, first, rows, (b * H + hk) * S, group, queries, Hq, L, S, MB, s,
+      const int64_t first = c * kChunk, rows = std::min(n[static_cast<size_t>(b)], first + kChunk) - first;
+      const Task t{task,  b,  hk, first, rows, hk * S, group, queries, Hq, L, S, MB, s,
                    live.data() + bhk * queries, live_count[static_cast<size_t>(bhk)]};
-      if constexpr (D > 0) {
-        chunk_blocked<T, D>(t, q, k, v, m, part_max.data(), part_sum.data(), part_out.data(), scores.data());
+      if (rows <= 0) {  // a chunk past this batch's filled rows (another batch's is longer): weighs nothing
+        for (int64_t i = 0; i < t.count; ++i) part_max[static_cast<size_t>(task * queries + t.live[i])] = -INFINITY;
+      } else if constexpr (D > 0) {
+        chunk_blocked<T, D>(t, q, k[b], v[b], m, part_max.data(), part_sum.data(), part_out.data(), scores.data());
       } else {
-        chunk_general<T>(t, q, k, v, m, part_max.data(), part_sum.data(), part_out.data(), scores.data(), E, Ev);
+        chunk_general<T>(t, q, k[b], v[b], m, part_max.data(), part_sum.data(), part_out.data(), scores.data(), E, Ev);
       }
     }
     // combine the chunks of each query row: softmax over all of them is each chunk's share rescaled to the maximum
@@ -438,29 +450,29 @@ int64_t attend(const float* q, Rows<T> k, Rows<T> v, const bool* m, float* out, 
       std::memcpy(out + row * Ev, out + from * Ev, sizeof(float) * static_cast<size_t>(Ev));
     }
   }
-  return n;
+  return read;
 }
 
-// attend() with the head size fixed at compile time where it is a common one.
+// attend() over each batch's rows typed, with the head size fixed at compile time where it is a common one.
 template <typename T>
-int64_t dispatch(const float* q, Rows<T> k, Rows<T> v, const bool* m, float* out, int64_t B, int64_t Hq, int64_t L,
+int64_t dispatch(const float* q, const CacheRows* caches, const bool* m, float* out, int64_t B, int64_t Hq, int64_t L,
                  int64_t E, int64_t H, int64_t S, int64_t Ev, int64_t MB, float s, int64_t* attended) {
-  if (E == 64 && Ev == 64) return attend<T, 64>(q, k, v, m, out, B, Hq, L, E, H, S, Ev, MB, s, attended);
-  if (E == 128 && Ev == 128) return attend<T, 128>(q, k, v, m, out, B, Hq, L, E, H, S, Ev, MB, s, attended);
-  return attend<T, 0>(q, k, v, m, out, B, Hq, L, E, H, S, Ev, MB, s, attended);
+  std::vector<Rows<T>> k(static_cast<size_t>(B)), v(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    k[static_cast<size_t>(b)] = {static_cast<const T*>(caches[b].k), caches[b].k_scale};
+    v[static_cast<size_t>(b)] = {static_cast<const T*>(caches[b].v), caches[b].v_scale};
+  }
+  if (E == 64 && Ev == 64) return attend<T, 64>(q, k.data(), v.data(), m, out, B, Hq, L, E, H, S, Ev, MB, s, attended);
+  if (E == 128 && Ev == 128) return attend<T, 128>(q, k.data(), v.data(), m, out, B, Hq, L, E, H, S, Ev, MB, s, attended);
+  return attend<T, 0>(q, k.data(), v.data(), m, out, B, Hq, L, E, H, S, Ev, MB, s, attended);
 }
 
 }  // namespace
 
-int64_t attention(const float* q, const void* k, const float* k_scale, const void* v, const float* v_scale,
-                  const bool* mask, float* out, int64_t B, int64_t Hq, int64_t L, int64_t E, int64_t H, int64_t S,
-                  int64_t Ev, int64_t MB, float scale, int64_t* attended) {
-  if (k_scale) {
-    return dispatch<int8_t>(q, {static_cast<const int8_t*>(k), k_scale}, {static_cast<const int8_t*>(v), v_scale}, mask,
-                            out, B, Hq, L, E, H, S, Ev, MB, scale, attended);
-  }
-  return dispatch<float>(q, {static_cast<const float*>(k), nullptr}, {static_cast<const float*>(v), nullptr}, mask, out,
-                         B, Hq, L, E, H, S, Ev, MB, scale, attended);
+int64_t attention(const float* q, const CacheRows* caches, const bool* mask, float* out, int64_t B, int64_t Hq, int64_t L,
+                  int64_t E, int64_t H, int64_t S, int64_t Ev, int64_t MB, float scale, int64_t* attended) {
+  if (caches[0].k_scale) return dispatch<int8_t>(q, caches, mask, out, B, Hq, L, E, H, S, Ev, MB, scale, attended);
+  return dispatch<float>(q, caches, mask, out, B, Hq, L, E, H, S, Ev, MB, scale, attended);
 }
 
 }  // namespace etsdk_kernels

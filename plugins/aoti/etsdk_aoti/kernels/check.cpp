@@ -146,8 +146,13 @@ double run(const std::string& op, std::istringstream& line, const KernelTable* t
     }
     std::vector<float> out(B * Hq * L * Ev);
     int64_t attended = 0;
-    table->attention(q.data(), k, int8 ? ks.data() : nullptr, v, int8 ? vs.data() : nullptr,
-                     reinterpret_cast<const bool*>(mask.data()), out.data(), B, Hq, L, E, H, S, Ev, MB, scale, &attended);
+    std::vector<etsdk_kernels::CacheRows> caches(B);  // batch b's rows within the one buffer
+    const int64_t width = int8 ? 1 : 4;
+    for (int64_t b = 0; b < B; ++b)
+      caches[b] = {static_cast<const char*>(k) + b * H * S * E * width, int8 ? ks.data() + b * H * S : nullptr,
+                   static_cast<const char*>(v) + b * H * S * Ev * width, int8 ? vs.data() + b * H * S : nullptr};
+    table->attention(q.data(), caches.data(), reinterpret_cast<const bool*>(mask.data()), out.data(), B, Hq, L, E, H, S,
+                     Ev, MB, scale, &attended);
     return worst(out, read<float>(name + ".want", B * Hq * L * Ev), 1e-5, 1e-4);
   }
   throw std::runtime_error("unknown operation " + op);

@@ -20,6 +20,7 @@
 namespace {
 
 using etsdk_kernels::A8Part;
+using etsdk_kernels::CacheRows;
 using etsdk_kernels::contiguous_tensor;
 using etsdk_kernels::FloatWeight;
 using etsdk_kernels::KernelTable;
@@ -187,45 +188,77 @@ AOTITorchError qmm_a8(AtenTensorHandle x, const AtenTensorHandle* qdata, const A
   return AOTI_TORCH_SUCCESS;
 }
 
-// Checks the operands of either attention form and allocates the output; false when any is not what the schema says.
-bool attention_operands(AtenTensorHandle query, AtenTensorHandle key, AtenTensorHandle value, AtenTensorHandle mask,
-                        int32_t cache_dtype, int64_t** qs, int64_t** ks, int64_t** vs, int64_t** ms, void** qp, void** kp,
-                        void** vp, void** mp, AtenTensorHandle* ret0, float** out) {
+// Checks the operands of every attention form and allocates the output; false when any is not what the schema says
+// (nothing allocated then). query [B, Hq, L, E]; `count` caches: one tensor of B batches (count 1: key [B, H, S, E],
+// value [B, H, S, Ev]) or one session's tensor per batch (count B: each [1, H, S, E] and [1, H, S, Ev], all of one
+// shape); int8 caches with their row scales ([B or 1, H, S, 1], k_scales / v_scales non-null), float32 ones without;
+// mask [B or 1, 1, L, S]. rows: one CacheRows per batch.
+bool attention_operands(AtenTensorHandle query, const AtenTensorHandle* keys, const AtenTensorHandle* values,
+                        const AtenTensorHandle* k_scales, const AtenTensorHandle* v_scales, int64_t count,
+                        AtenTensorHandle mask, int64_t* shape, std::vector<CacheRows>& rows, const float** q,
+                        const bool** m, AtenTensorHandle* ret0, float** out) {
   const int32_t f32 = aoti_torch_dtype_float32();
-  if (!contiguous_tensor(query, 4, f32, qs, qp) || !contiguous_tensor(key, 4, cache_dtype, ks, kp) ||
-      !contiguous_tensor(value, 4, cache_dtype, vs, vp) || !contiguous_tensor(mask, 4, aoti_torch_dtype_bool(), ms, mp))
+  const int32_t cache_dtype = k_scales ? aoti_torch_dtype_int8() : f32;
+  int64_t *qs = nullptr, *ms = nullptr;
+  void *qp = nullptr, *mp = nullptr;
+  if (count < 1 || !keys || !values || (k_scales == nullptr) != (v_scales == nullptr)) return false;
+  if (!contiguous_tensor(query, 4, f32, &qs, &qp) || !contiguous_tensor(mask, 4, aoti_torch_dtype_bool(), &ms, &mp))
     return false;
-  const int64_t B = (*qs)[0], Hq = (*qs)[1], L = (*qs)[2], E = (*qs)[3];
-  const int64_t H = (*ks)[1], S = (*ks)[2], Ev = (*vs)[3];
-  if ((*ks)[0] != B || (*ks)[3] != E || (*vs)[0] != B || (*vs)[1] != H || (*vs)[2] != S || H <= 0 || Hq % H) return false;
-  if (!((*ms)[0] == 1 || (*ms)[0] == B) || (*ms)[1] != 1 || (*ms)[2] != L || (*ms)[3] != S) return false;
+  const int64_t B = qs[0], Hq = qs[1], L = qs[2], E = qs[3];
+  const int64_t each = count == 1 ? B : 1;  // batches per cache tensor
+  if (count != 1 && count != B) return false;
+  int64_t H = -1, S = -1, Ev = -1;
+  rows.assign(static_cast<size_t>(B), CacheRows{});
+  for (int64_t c = 0; c < count; ++c) {
+    int64_t *ks = nullptr, *vs = nullptr;
+    void *kp = nullptr, *vp = nullptr;
+    if (!contiguous_tensor(keys[c], 4, cache_dtype, &ks, &kp) || !contiguous_tensor(values[c], 4, cache_dtype, &vs, &vp))
+      return false;
+    if (c == 0) H = ks[1], S = ks[2], Ev = vs[3];
+    if (ks[0] != each || ks[1] != H || ks[2] != S || ks[3] != E || vs[0] != each || vs[1] != H || vs[2] != S || vs[3] != Ev)
+      return false;
+    const float *kscale = nullptr, *vscale = nullptr;
+    if (k_scales) {
+      int64_t *a = nullptr, *b = nullptr;
+      void *ap = nullptr, *bp = nullptr;
+      if (!contiguous_tensor(k_scales[c], 4, f32, &a, &ap) || !contiguous_tensor(v_scales[c], 4, f32, &b, &bp)) return false;
+      for (const int64_t* sizes : {a, b})
+        if (sizes[0] != each || sizes[1] != H || sizes[2] != S || sizes[3] != 1) return false;
+      kscale = static_cast<const float*>(ap), vscale = static_cast<const float*>(bp);
+    }
+    const size_t width = k_scales ? 1 : sizeof(float);
+    for (int64_t i = 0; i < each; ++i) {  // batch c * each + i: its own rows and scales
+      rows[static_cast<size_t>(c * each + i)] = CacheRows{
+          static_cast<const char*>(kp) + static_cast<size_t>(i * H * S * E) * width, kscale ? kscale + i * H * S : nullptr,
+          static_cast<const char*>(vp) + static_cast<size_t>(i * H * S * Ev) * width, vscale ? vscale + i * H * S : nullptr};
+    }
+  }
+  if (H <= 0 || Hq % H) return false;
+  if (!(ms[0] == 1 || ms[0] == B) || ms[1] != 1 || ms[2] != L || ms[3] != S) return false;
   const int64_t sizes[4] = {B, Hq, L, Ev};
-  return new_output(4, sizes, ret0, out);
-}
-
-// A scale operand: contiguous float32 [B, H, S, 1] for the cache sizes ks.
-bool row_scales(AtenTensorHandle handle, const int64_t* ks, const float** data) {
-  int64_t* sizes = nullptr;
-  void* p = nullptr;
-  if (!contiguous_tensor(handle, 4, aoti_torch_dtype_float32(), &sizes, &p)) return false;
-  if (sizes[0] != ks[0] || sizes[1] != ks[1] || sizes[2] != ks[2] || sizes[3] != 1) return false;
-  *data = static_cast<const float*>(p);
+  if (!new_output(4, sizes, ret0, out)) return false;
+  const int64_t found[8] = {B, Hq, L, E, H, S, Ev, ms[0]};
+  std::memcpy(shape, found, sizeof(found));
+  *q = static_cast<const float*>(qp), *m = static_cast<const bool*>(mp);
   return true;
 }
 
-AOTITorchError attention(AtenTensorHandle query, AtenTensorHandle key, const float* kscale, AtenTensorHandle value,
-                         const float* vscale, AtenTensorHandle mask, int32_t cache_dtype, double scale, AtenTensorHandle* ret0) {
+// Every attention form: operands checked (attention_operands), then the selected level's kernel over each batch's rows.
+AOTITorchError attention(AtenTensorHandle query, const AtenTensorHandle* keys, const AtenTensorHandle* values,
+                         const AtenTensorHandle* k_scales, const AtenTensorHandle* v_scales, int64_t count,
+                         AtenTensorHandle mask, double scale, AtenTensorHandle* ret0) {
   const KernelTable* kernels = table();
-  int64_t *qs = nullptr, *ks = nullptr, *vs = nullptr, *ms = nullptr;
-  void *qp = nullptr, *kp = nullptr, *vp = nullptr, *mp = nullptr;
+  int64_t shape[8];  // B, Hq, L, E, H, S, Ev, MB
+  std::vector<CacheRows> rows;
+  const float* q = nullptr;
+  const bool* m = nullptr;
   float* out = nullptr;
-  if (!kernels || !attention_operands(query, key, value, mask, cache_dtype, &qs, &ks, &vs, &ms, &qp, &kp, &vp, &mp, ret0, &out))
+  if (!kernels || !attention_operands(query, keys, values, k_scales, v_scales, count, mask, shape, rows, &q, &m, ret0, &out))
     return AOTI_TORCH_FAILURE;
-  if (qs[0] == 0 || qs[1] == 0 || qs[2] == 0) return AOTI_TORCH_SUCCESS;
+  if (shape[0] == 0 || shape[1] == 0 || shape[2] == 0) return AOTI_TORCH_SUCCESS;
   int64_t attended = 0;
-  const int64_t n = kernels->attention(static_cast<const float*>(qp), kp, kscale, vp, vscale, static_cast<const bool*>(mp), out,
-                                       qs[0], qs[1], qs[2], qs[3], ks[1], ks[2], vs[3], ms[0], static_cast<float>(scale),
-                                       &attended);
+  const int64_t n = kernels->attention(q, rows.data(), m, out, shape[0], shape[1], shape[2], shape[3], shape[4], shape[5],
+                                       shape[6], shape[7], static_cast<float>(scale), &attended);
   rows_read.fetch_add(n, std::memory_order_relaxed);
   queries_attended.fetch_add(attended, std::memory_order_relaxed);
   return AOTI_TORCH_SUCCESS;
@@ -324,19 +357,24 @@ ETSDK_EXPORT AOTITorchError aoti_torch_cpu_etsdk_linear(AtenTensorHandle x, Aten
 
 ETSDK_EXPORT AOTITorchError aoti_torch_cpu_etsdk_attention(AtenTensorHandle query, AtenTensorHandle key, AtenTensorHandle value,
                                                            AtenTensorHandle mask, double scale, AtenTensorHandle* ret0) {
-  return attention(query, key, nullptr, value, nullptr, mask, aoti_torch_dtype_float32(), scale, ret0);
+  return attention(query, &key, &value, nullptr, nullptr, 1, mask, scale, ret0);
 }
 
 ETSDK_EXPORT AOTITorchError aoti_torch_cpu_etsdk_attention_int8(AtenTensorHandle query, AtenTensorHandle key,
                                                                 AtenTensorHandle key_scale, AtenTensorHandle value,
                                                                 AtenTensorHandle value_scale, AtenTensorHandle mask,
                                                                 double scale, AtenTensorHandle* ret0) {
-  // the scales are checked first: no output is allocated for a call that fails
-  int64_t* key_sizes = nullptr;
-  void* unused = nullptr;
-  const float *kscale = nullptr, *vscale = nullptr;
-  if (!contiguous_tensor(key, 4, aoti_torch_dtype_int8(), &key_sizes, &unused) || !row_scales(key_scale, key_sizes, &kscale) ||
-      !row_scales(value_scale, key_sizes, &vscale))
+  return attention(query, &key, &value, &key_scale, &value_scale, 1, mask, scale, ret0);
+}
+
+// etsdk_aoti::etsdk_attention_slots: row b of the query over session b's own caches (keys[b], values[b]: [1, H, S, E]
+// each; int8 ones with key_scales[b] / value_scales[b], float32 ones with empty scale lists), one kernel call for all.
+ETSDK_EXPORT AOTITorchError aoti_torch_cpu_etsdk_attention_slots(
+    AtenTensorHandle query, const AtenTensorHandle* keys, int64_t keys_len_, const AtenTensorHandle* values,
+    int64_t values_len_, AtenTensorHandle mask, double scale, const AtenTensorHandle* key_scales, int64_t key_scales_len_,
+    const AtenTensorHandle* value_scales, int64_t value_scales_len_, AtenTensorHandle* ret0) {
+  const bool int8 = key_scales_len_ > 0;
+  if (keys_len_ != values_len_ || key_scales_len_ != value_scales_len_ || (int8 && key_scales_len_ != keys_len_))
     return AOTI_TORCH_FAILURE;
-  return attention(query, key, kscale, value, vscale, mask, aoti_torch_dtype_int8(), scale, ret0);
+  return attention(query, keys, values, int8 ? key_scales : nullptr, int8 ? value_scales : nullptr, keys_len_, mask, scale, ret0);
 }

@@ -17,7 +17,7 @@
 namespace etsdk_kernels {
 
 // Bump when a struct or a signature below changes: a level library of another ABI is refused at load.
-constexpr int32_t kTableAbi = 2;
+constexpr int32_t kTableAbi = 3;
 
 // One weight in a quantized planes format (etsdk._format.weight_format):
 //   bits 8, group 0 : q8 int8 [n, k], scales [n]                 w = q * s
@@ -44,6 +44,16 @@ struct A8Part {
   float* y;
 };
 
+// One batch's key / value rows: k [H, S, E], v [H, S, Ev], float32, or int8 with a float32 scale per row (k_scale /
+// v_scale [H, S]; null for float rows). A batch of one tensor points into it; a batch of sessions (each its own cache
+// tensor) points at each session's own.
+struct CacheRows {
+  const void* k;
+  const float* k_scale;
+  const void* v;
+  const float* v_scale;
+};
+
 // The stored element of a float weight: float32, bfloat16 or float16.
 enum class FloatWeight : int32_t { kFloat32 = 0, kBfloat16 = 1, kFloat16 = 2 };
 
@@ -59,14 +69,14 @@ struct KernelTable {
   // y[m, n] = x[m, k] @ widen(w[n, k])^T (+ bias)
   void (*linear)(const float* x, const void* w, FloatWeight w_dtype, const float* bias, float* y, int64_t m_rows,
                  int64_t n, int64_t k);
-  // sdpa(q [B, Hq, L, E], k [B, H, S, E], v [B, H, S, Ev], mask [MB, 1, L, S]) with grouped heads (Hq % H == 0)
-  // into out [B, Hq, L, Ev]; key / value float32, or int8 with a float32 scale per row (k_scale / v_scale
-  // [B, H, S], null for float rows). Reads only rows 0 .. n-1 (n: one past the last column any mask row sees) and
-  // returns n. A query row that sees nothing gets zeros. A query row equal to the one before it (as numbers) under an
+  // sdpa(q [B, Hq, L, E], batch b's keys / values caches[b] (CacheRows: [H, S, E] / [H, S, Ev], every batch
+  // float or every batch int8), mask [MB, 1, L, S]) with grouped heads (Hq % H == 0) into out [B, Hq, L, Ev].
+  // Batch b reads only its rows 0 .. n_b - 1 (n_b: one past the last column its mask rows see); returns the sum of
+  // n_b. A query row that sees nothing gets zeros. A query row equal to the one before it (as numbers) under an
   // equal mask row is not computed again (it gets that row's output); *attended: the query rows computed.
-  int64_t (*attention)(const float* q, const void* k, const float* k_scale, const void* v, const float* v_scale,
-                       const bool* mask, float* out, int64_t B, int64_t Hq, int64_t L, int64_t E, int64_t H, int64_t S,
-                       int64_t Ev, int64_t MB, float scale, int64_t* attended);
+  int64_t (*attention)(const float* q, const CacheRows* caches, const bool* mask, float* out, int64_t B, int64_t Hq,
+                       int64_t L, int64_t E, int64_t H, int64_t S, int64_t Ev, int64_t MB, float scale,
+                       int64_t* attended);
 };
 
 // Implemented once per level (qmm.cpp, gemv.cpp, attention.cpp), gathered by level.cpp.
@@ -74,9 +84,8 @@ void qmm(const Weights* w, const float* x, int64_t m_rows, float* y);
 void qmm_a8(const A8Part* parts, int64_t count, const float* x, int64_t m_rows, int64_t ldy);
 void linear(const float* x, const void* w, FloatWeight w_dtype, const float* bias, float* y, int64_t m_rows, int64_t n,
             int64_t k);
-int64_t attention(const float* q, const void* k, const float* k_scale, const void* v, const float* v_scale,
-                  const bool* mask, float* out, int64_t B, int64_t Hq, int64_t L, int64_t E, int64_t H, int64_t S,
-                  int64_t Ev, int64_t MB, float scale, int64_t* attended);
+int64_t attention(const float* q, const CacheRows* caches, const bool* mask, float* out, int64_t B, int64_t Hq, int64_t L,
+                  int64_t E, int64_t H, int64_t S, int64_t Ev, int64_t MB, float scale, int64_t* attended);
 
 }  // namespace etsdk_kernels
 
