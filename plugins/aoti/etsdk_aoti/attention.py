@@ -136,10 +136,11 @@ def _per_session(node: torch.fx.Node) -> tuple[list[dict[str, object]], torch.fx
     if query is None or _batch(query) != len(calls) or any(r != (query, b) for b, r in enumerate(rows)):
         return None
     masks = [_row(o["mask"]) for o in each]
+    shared = each[0]["mask"]
     if masks[0] is not None and all(m == (masks[0][0], b) for b, m in enumerate(masks)):
         mask = masks[0][0]
-    elif all(o["mask"] is each[0]["mask"] for o in each) and _batch(each[0]["mask"]) == 1:
-        mask = each[0]["mask"]
+    elif isinstance(shared, torch.fx.Node) and all(o["mask"] is shared for o in each) and _batch(shared) == 1:
+        mask = shared
     else:
         return None
     first = each[0]
@@ -148,7 +149,6 @@ def _per_session(node: torch.fx.Node) -> tuple[list[dict[str, object]], torch.fx
     paired = all((o["key_scale"] is None) == (o["value_scale"] is None) for o in each)
     if not (same and caches and paired and isinstance(first["scale"], (int, float))):
         return None
-    assert isinstance(mask, torch.fx.Node)
     return each, query, mask
 
 
