@@ -69,13 +69,26 @@ FAST = [
 ]
 
 
-# The whole suite as pytest processes: (name, pytest arguments), longest first. The core's tests are in three:
-# together they register more distinct backends than the runtime's 16 slots, and the files that register the
-# most throwaway test backends (the bridge's failure cases, the kit's broken backends) get a process of their own.
+# The whole suite as pytest processes: (name, pytest arguments), longest first; two at a time, each lane starts when
+# one ends, so no lane may be much longer than the rest (the suite's wall time is at least its longest lane). The
+# core's tests are in three: together they register more distinct backends than the runtime's 16 slots, and the
+# files that register the most throwaway test backends (the bridge's failure cases, the kit's broken backends) get a
+# process of their own; the benchmarks' smoke runs (subprocesses, each exporting its own programs) are a fourth.
+# etsdk-hf-static's tests are in two: the files that share the session's exported programs (conftest.py: the Llama
+# through AOTI, the chat program), and the files that export programs of their own (about as long).
 _OWN = ["tests/integration/test_bridge.py", "tests/integration/test_conformance.py", "tests/integration/test_edge_passes.py"]
+_HF = "plugins/hf_static/tests/test_hf_"
+_HF_SHARED = [
+    f"{_HF}{name}.py" for name in (
+        "generation", "sessions", "sampling", "corpus", "detokenize", "generate_cli", "windows", "chat", "chat_context",
+        "cli", "serve", "serve_protocol", "layout", "quantized",
+    )
+]
 LANES = [
-    ("etsdk-hf-static", ["plugins/hf_static/tests"]),
-    ("core", ["tests/unit", "tests/cross_plugin", "tests/hostile", "tests/docs", "tests/benchmarks"]),
+    ("etsdk-hf-static", ["plugins/hf_static/tests", *(f"--ignore={path}" for path in _HF_SHARED)]),
+    ("core", ["tests/unit", "tests/cross_plugin", "tests/hostile", "tests/docs"]),
+    ("etsdk-hf-static-shared", _HF_SHARED),
+    ("benchmarks-smoke", ["tests/benchmarks"]),
     ("core-integration", ["tests/integration", *(f"--ignore={path}" for path in _OWN)]),
     ("etsdk-aoti", ["plugins/aoti/tests", "-rs"]),  # -rs: which kernel levels this host skipped, and why
     ("etsdk-tensorrt", ["plugins/tensorrt/tests"]),
