@@ -429,6 +429,24 @@ def rows_multiplied() -> int:
     return int(function())
 
 
+def _listed(handles: Sequence[int], lists: Sequence[Sequence[torch.Tensor]]) -> list[tuple[Any, int]]:
+    """The ``Tensor[]`` arguments of a C-shim call: for each of ``lists`` in turn, an array of its tensors' handles
+    (taken from ``handles`` in order; None for an empty list) and its length."""
+    out, at = [], 0
+    for tensors in lists:
+        out.append(((ctypes.c_void_p * len(tensors))(*handles[at : at + len(tensors)]) if tensors else None, len(tensors)))
+        at += len(tensors)
+    return out
+
+
+def _stolen(out: ctypes.c_void_p) -> torch.Tensor:
+    """The output tensor a kernel entry point allocated (its handle in ``out``), owning that handle."""
+    from etsdk_aoti.library import _new_capsule
+
+    result: torch.Tensor = torch._C._aoti.alloc_tensors_by_stealing_from_void_ptrs([_new_capsule(out.value, None, None)])[0]
+    return result
+
+
 def qmm(
     x: torch.Tensor,
     qdata: torch.Tensor,
@@ -446,7 +464,7 @@ def qmm(
     Raises ``ValueError`` when the kernel refuses the tensors
     (wrong dtype, shape or layout)."""
     global _function, _function_a8
-    from etsdk_aoti.library import _new_capsule, free_handles, tensor_handles
+    from etsdk_aoti.library import free_handles, tensor_handles
 
     path = load()
     pointer = ctypes.c_void_p
@@ -475,8 +493,7 @@ def qmm(
         free_handles(handles)
     if code != 0:
         raise ValueError(f"{path.name} refused the tensors (x {list(x.shape)} {x.dtype}, qdata {list(qdata.shape)} {qdata.dtype}, bits {bits}, group {group})")
-    result: torch.Tensor = torch._C._aoti.alloc_tensors_by_stealing_from_void_ptrs([_new_capsule(out.value, None, None)])[0]
-    return result
+    return _stolen(out)
 
 
 def qmm_a8_fused(
@@ -491,7 +508,7 @@ def qmm_a8_fused(
     """Call the fused ``:a8`` kernel directly (tests and benchmarks): ``x [M, K]`` times each weight (4-bit or int8 planes;
     ``mins`` / ``bias`` one per weight or empty), the outputs side by side in one ``[M, sum of N]`` tensor.
     Raises ``ValueError`` when the kernel refuses the tensors."""
-    from etsdk_aoti.library import _new_capsule, free_handles, tensor_handles
+    from etsdk_aoti.library import free_handles, tensor_handles
 
     path = load()
     assert _loaded is not None
@@ -501,10 +518,7 @@ def qmm_a8_fused(
     lists = [list(qdata), list(scales), list(mins), list(bias)]
     handles = tensor_handles([x, *(t for tensors in lists for t in tensors)])
     try:
-        arrays, at = [], 1
-        for tensors in lists:
-            arrays += [(pointer * len(tensors))(*handles[at : at + len(tensors)]) if tensors else None, len(tensors)]
-            at += len(tensors)
+        arrays = [part for listed in _listed(handles[1:], lists) for part in listed]
         out = pointer()
         code = function(handles[0], *arrays, group, ctypes.byref(out))
     finally:
@@ -512,8 +526,7 @@ def qmm_a8_fused(
     if code != 0:
         shapes = ", ".join(f"{list(t.shape)} {t.dtype}" for t in [x, *lists[0]])
         raise ValueError(f"{path.name} refused the tensors ({shapes}, {[len(t) for t in lists]} tensors, group {group})")
-    result: torch.Tensor = torch._C._aoti.alloc_tensors_by_stealing_from_void_ptrs([_new_capsule(out.value, None, None)])[0]
-    return result
+    return _stolen(out)
 
 
 def attention(
@@ -522,7 +535,7 @@ def attention(
 ) -> torch.Tensor:
     """Call the native attention kernel directly (tests and benchmarks): the int8 one when ``key_scale`` and
     ``value_scale`` are given; ``ValueError`` when it refuses the tensors (dtype, rank, sizes or layout)."""
-    from etsdk_aoti.library import _new_capsule, free_handles, tensor_handles
+    from etsdk_aoti.library import free_handles, tensor_handles
 
     path = load()
     assert _loaded is not None
@@ -542,8 +555,7 @@ def attention(
     if code != 0:
         shapes = ", ".join(f"{list(t.shape)} {t.dtype}" for t in operands if t is not None)
         raise ValueError(f"{path.name} refused the tensors ({shapes})")
-    result: torch.Tensor = torch._C._aoti.alloc_tensors_by_stealing_from_void_ptrs([_new_capsule(out.value, None, None)])[0]
-    return result
+    return _stolen(out)
 
 
 def attention_slots(
@@ -553,7 +565,7 @@ def attention_slots(
     """Call the native attention kernel's slots form directly (tests and benchmarks): row ``b`` of ``query`` over
     ``keys[b]`` / ``values[b]`` (int8 ones with ``key_scales`` / ``value_scales``); ``ValueError`` when it refuses
     the tensors."""
-    from etsdk_aoti.library import _new_capsule, free_handles, tensor_handles
+    from etsdk_aoti.library import free_handles, tensor_handles
 
     path = load()
     assert _loaded is not None
@@ -564,10 +576,7 @@ def attention_slots(
     lists = [list(keys), list(values), list(key_scales), list(value_scales)]
     handles = tensor_handles([query, mask, *(t for tensors in lists for t in tensors)])
     try:
-        arrays, at = [], 2
-        for tensors in lists:
-            arrays.append(((pointer * len(tensors))(*handles[at : at + len(tensors)]) if tensors else None, len(tensors)))
-            at += len(tensors)
+        arrays = _listed(handles[2:], lists)
         out = pointer()
         code = function(handles[0], *arrays[0], *arrays[1], handles[1], scale, *arrays[2], *arrays[3], ctypes.byref(out))
     finally:
@@ -575,15 +584,14 @@ def attention_slots(
     if code != 0:
         shapes = ", ".join(f"{list(t.shape)} {t.dtype}" for t in [query, *lists[0], mask])
         raise ValueError(f"{path.name} refused the tensors ({shapes}; {[len(t) for t in lists]} tensors per list)")
-    result: torch.Tensor = torch._C._aoti.alloc_tensors_by_stealing_from_void_ptrs([_new_capsule(out.value, None, None)])[0]
-    return result
+    return _stolen(out)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """Call the native GEMV directly (tests and benchmarks): ``x [M, K] @ weight.float().T (+ bias)``, ``weight``
     float32, bfloat16 or float16;
     ``ValueError`` when it refuses the tensors (dtype, rank, sizes or layout)."""
-    from etsdk_aoti.library import _new_capsule, free_handles, tensor_handles
+    from etsdk_aoti.library import free_handles, tensor_handles
 
     path = load()
     assert _loaded is not None
@@ -601,5 +609,4 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if code != 0:
         shapes = ", ".join(f"{list(t.shape)} {t.dtype}" for t in given)
         raise ValueError(f"{path.name} refused the tensors ({shapes})")
-    result: torch.Tensor = torch._C._aoti.alloc_tensors_by_stealing_from_void_ptrs([_new_capsule(out.value, None, None)])[0]
-    return result
+    return _stolen(out)
